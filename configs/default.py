@@ -1,0 +1,71 @@
+r"""Transformer base, WMT14 English->German: the paper's recipe (Vaswani et al. 2017, Table 3 'base').
+
+Reproduces 27.3 BLEU on newstest2014 (`bleu_paper` in eval.py: tokenized, compound-split BLEU).
+Every number below is the paper's unless its comment says otherwise.
+
+  python train.py --config=configs/default.py --workdir=runs/base_ende
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+
+  # Data: WMT 2014 English-German, 4.5M pairs; newstest2013 validation, newstest2014 test.
+  config.dataset = 'wmt14_translate/de-en'  # a TFDS name, 'multi30k' or 'synthetic'
+  config.source_lang = 'en'
+  config.target_lang = 'de'
+  config.manual_dir = ''  # local copy of the dataset's files (multi30k); empty = download
+  config.vocab_size = 37000  # shared source-target byte-pair vocabulary
+  config.vocab_model_type = 'bpe'  # SentencePiece model type
+  config.max_length = 256  # pairs with a side longer than this (in tokens) are dropped (t2t's)
+  config.tokens_per_batch = 25000  # ~25000 source and ~25000 target tokens per update
+
+  # Model (section 3, base): N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1.
+  config.model = ml_collections.ConfigDict(dict(
+      d_model=512,
+      d_ff=2048,
+      num_heads=8,
+      num_encoder_layers=6,
+      num_decoder_layers=6,
+      dropout_rate=0.1,
+      attention_dropout_rate=0.0,  # not used in the paper
+      relu_dropout_rate=0.0,  # not used in the paper
+      share_embeddings=True,  # section 3.4: one matrix for both embeddings and the softmax
+      tie_output_embedding=True,
+      positional_encoding='sinusoidal',
+      max_positions=512,  # size of the table if positional_encoding='learned'
+      layer_norm='post',  # LayerNorm(x + Sublayer(x))
+      layer_norm_epsilon=1e-6,  # not stated in the paper; t2t's value
+      dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs
+      param_dtype='float32',
+  ))
+
+  # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+  config.label_smoothing = 0.1
+  config.schedule = 'paper'
+  config.lr_scale = 1.0
+  config.warmup_steps = 4000
+  config.adam_b1 = 0.9
+  config.adam_b2 = 0.98
+  config.adam_eps = 1e-9
+  config.grad_clip_norm = 0.0  # 0 = no clipping
+  config.num_train_steps = 100_000
+  config.grad_accum_steps = 1  # raise to reach tokens_per_batch on fewer devices
+  config.seed = 0
+
+  # Logging, evaluation and checkpoints (0 = never).
+  config.log_every_steps = 100
+  config.eval_every_steps = 1000
+  config.bleu_every_steps = 10_000
+  config.checkpoint_every_steps = 0
+  config.checkpoint_every_secs = 600  # section 6.1: checkpoints written at 10-minute intervals
+  config.keep_checkpoints = 5
+  config.average_last = 5  # section 6.1: base models average the last 5 checkpoints
+
+  # Decoding (section 6.1): beam 4, length penalty alpha 0.6, max output = input length + 50.
+  config.beam_size = 4
+  config.alpha = 0.6
+  config.decode_extra_length = 50
+  return config

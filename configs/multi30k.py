@@ -1,0 +1,28 @@
+r"""A small Transformer for Multi30k English->German (29k training pairs) that trains on a 2-core CPU.
+
+The paper's recipe scaled down to the data: 3 layers, d_model 256, an 8000-token joint vocabulary.
+
+  python train.py --config=configs/multi30k.py --workdir=runs/multi30k \
+      --config.manual_dir=../shared/data/multi30k
+"""
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.dataset = 'multi30k'
+  config.vocab_size = 8000
+  config.max_length = 64
+  config.tokens_per_batch = 4096
+  config.model.update(dict(
+      d_model=256, d_ff=1024, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
+      dtype='float32'))  # CPUs compute bfloat16 slower than float32
+  config.warmup_steps = 1000
+  config.num_train_steps = 6000
+  config.log_every_steps = 50
+  config.eval_every_steps = 500
+  config.bleu_every_steps = 2000
+  config.checkpoint_every_steps = 500
+  config.checkpoint_every_secs = 0
+  return config

@@ -1,0 +1,27 @@
+r"""A tiny Transformer on a synthetic stream: seconds per run on a CPU, for tests and quick checks.
+
+  python train.py --config=configs/tiny.py --workdir=/tmp/tiny
+"""
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.dataset = 'synthetic'  # generated pairs; --config.dataset=multi30k for real text
+  config.vocab_size = 64
+  config.max_length = 16
+  config.tokens_per_batch = 256
+  config.model.update(dict(
+      d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
+      max_positions=128, dtype='float32'))
+  config.warmup_steps = 10
+  config.num_train_steps = 40
+  config.log_every_steps = 10
+  config.eval_every_steps = 20
+  config.bleu_every_steps = 0
+  config.checkpoint_every_steps = 20
+  config.checkpoint_every_secs = 0
+  config.keep_checkpoints = 2
+  config.average_last = 2
+  return config

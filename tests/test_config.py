@@ -1,0 +1,141 @@
+"""Config files hold the paper's numbers; bad values fail early with one message naming the key."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import default, multi30k, tiny, wmt14
+from transformer import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL_CONFIGS = {
+    'default': default.get_config,
+    'wmt14:base,en-de': lambda: wmt14.get_config('base,en-de'),
+    'wmt14:big,en-de': lambda: wmt14.get_config('big,en-de'),
+    'wmt14:base,en-fr': lambda: wmt14.get_config('base,en-fr'),
+    'wmt14:big,en-fr': lambda: wmt14.get_config('big,en-fr'),
+    'multi30k': multi30k.get_config,
+    'tiny': tiny.get_config,
+}
+
+
+@pytest.mark.parametrize('name', ALL_CONFIGS)
+def test_every_config_file_is_valid(name):
+  config = config_lib.validate(ALL_CONFIGS[name]())
+  assert config_lib.model_config(config).vocab_size == config.vocab_size
+
+
+def test_default_is_the_papers_base_recipe():
+  c = default.get_config()
+  assert (c.dataset, c.source_lang, c.target_lang, c.vocab_size) == (
+      'wmt14_translate/de-en', 'en', 'de', 37000)
+  m = c.model
+  assert (m.d_model, m.d_ff, m.num_heads, m.num_encoder_layers, m.num_decoder_layers) == (
+      512, 2048, 8, 6, 6)
+  assert (m.dropout_rate, m.layer_norm, m.positional_encoding) == (0.1, 'post', 'sinusoidal')
+  assert m.share_embeddings and m.tie_output_embedding
+  assert (c.label_smoothing, c.adam_b1, c.adam_b2, c.adam_eps) == (0.1, 0.9, 0.98, 1e-9)
+  assert (c.schedule, c.lr_scale, c.warmup_steps, c.num_train_steps) == ('paper', 1.0, 4000,
+                                                                         100_000)
+  assert c.tokens_per_batch == 25000 and c.grad_clip_norm == 0.0
+  assert (c.beam_size, c.alpha, c.decode_extra_length) == (4, 0.6, 50)
+  assert (c.average_last, c.checkpoint_every_secs) == (5, 600)
+  assert wmt14.get_config('base,en-de').to_dict() == c.to_dict()
+
+
+def test_big_and_en_fr_differ_where_the_paper_does():
+  big = wmt14.get_config('big,en-de')
+  assert (big.model.d_model, big.model.d_ff, big.model.num_heads) == (1024, 4096, 16)
+  assert (big.model.dropout_rate, big.num_train_steps, big.average_last) == (0.3, 300_000, 20)
+  big_fr = wmt14.get_config('big,en-fr')
+  assert (big_fr.model.dropout_rate, big_fr.vocab_size, big_fr.target_lang) == (0.1, 32000, 'fr')
+  assert big_fr.dataset == 'wmt14_translate/fr-en'
+  base_fr = wmt14.get_config('base,en-fr')
+  assert (base_fr.model.d_model, base_fr.model.dropout_rate, base_fr.vocab_size) == (512, 0.1,
+                                                                                     32000)
+
+
+@pytest.mark.parametrize('arg', ['huge,en-de', 'base,en-ru'])
+def test_wmt14_rejects_unknown_arguments(arg):
+  with pytest.raises(ValueError, match='configs/wmt14.py'):
+    wmt14.get_config(arg)
+
+
+BAD_VALUES = [
+    ('model.num_heads', 7, 'divisible'),
+    ('model.d_model', 511, 'even'),
+    ('model.d_ff', 0, 'integer >= 1'),
+    ('model.dropout_rate', -0.1, r'\[0.0, 1.0\)'),
+    ('model.attention_dropout_rate', 1.0, r'\[0.0, 1.0\)'),
+    ('model.layer_norm', 'middle', "'post', 'pre'"),
+    ('model.positional_encoding', 'rotary', "'sinusoidal', 'learned'"),
+    ('model.dtype', 'float64', "'float32'"),
+    ('dataset', 'wmt99', 'unknown dataset'),
+    ('target_lang', 'en', 'must differ'),
+    ('label_smoothing', 1.5, r'\[0.0, 1.0\)'),
+    ('num_train_steps', 0, 'integer >= 1'),
+    ('grad_accum_steps', 0, 'integer >= 1'),
+    ('log_every_steps', -1, 'integer >= 0'),
+    ('average_last', 9, 'keep_checkpoints'),
+    ('schedule', 'cosine', "'paper'"),
+    ('beam_size', 0, 'integer >= 1'),
+]
+
+
+@pytest.mark.parametrize('key,value,message', BAD_VALUES)
+def test_bad_values_name_their_key(key, value, message):
+  config = default.get_config()
+  node, leaf = config, key
+  if '.' in key:
+    section, leaf = key.split('.')
+    node = config[section]
+  with node.ignore_type():
+    node[leaf] = value
+  with pytest.raises(config_lib.ConfigError, match=rf'^config\.{key}={value!r}: .*{message}'):
+    config_lib.validate(config)
+
+
+def test_unknown_and_missing_keys_are_named():
+  config = default.get_config()
+  config.model.num_layers = 6
+  with pytest.raises(config_lib.ConfigError, match=r'config\.model\.num_layers=6: unknown'):
+    config_lib.validate(config)
+  config = default.get_config()
+  del config['warmup_steps']
+  with pytest.raises(config_lib.ConfigError, match=r'config\.warmup_steps is missing'):
+    config_lib.validate(config)
+
+
+def test_multi30k_languages_are_checked():
+  config = multi30k.get_config()
+  config.target_lang = 'cs'
+  with pytest.raises(config_lib.ConfigError, match=r"config\.target_lang='cs'"):
+    config_lib.validate(config)
+
+
+def run_script(*args):
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+
+
+@pytest.mark.parametrize('script,flags', [
+    ('train.py', ['--config', '--workdir', '--coordinator_address', '--num_processes',
+                  '--process_id']),
+    ('eval.py', ['--workdir', '--split', '--source_file', '--reference_file', '--average_last',
+                 '--beam_size', '--alpha', '--output_dir']),
+])
+def test_entry_points_print_help(script, flags):
+  result = run_script(script, '--help')
+  assert result.returncode == 1 and not result.stderr  # absl's --help exits with status 1
+  for flag in flags:
+    assert flag + ':' in result.stdout
+
+
+def test_train_py_reports_a_bad_override_in_one_line():
+  result = run_script('train.py', '--config=configs/tiny.py', '--workdir=unused',
+                      '--config.model.num_heads=3')
+  assert result.returncode != 0
+  assert 'Traceback' not in result.stderr
+  assert 'train.py: config.model.num_heads=3: model.d_model=32 must be divisible' in result.stderr

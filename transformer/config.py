@@ -1,0 +1,151 @@
+"""Checks an experiment config (an ml_collections.ConfigDict from configs/) before anything runs.
+
+`validate` raises one `ConfigError` naming the first bad key, its value and how to fix it;
+`model_config` turns a valid config into the model's `TransformerConfig`.
+"""
+
+import dataclasses
+import numbers
+
+import jax.numpy as jnp
+import ml_collections
+
+from transformer.model import TransformerConfig
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+MULTI30K_LANGUAGES = ('en', 'de', 'fr')
+# Datasets without a TFDS name; anything of the form 'name/config' is looked up in TFDS.
+LOCAL_DATASETS = ('multi30k', 'synthetic')
+SCHEDULES = ('paper',)
+# Set by the code for each use of the model (training, evaluation, decoding), never by a config.
+RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode'}
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the key and the fix."""
+
+
+def _fail(key: str, value, problem: str):
+  raise ConfigError(f'config.{key}={value!r}: {problem}')
+
+
+def _get(config: ml_collections.ConfigDict, key: str):
+  node = config
+  for part in key.split('.'):
+    if part not in node:
+      raise ConfigError(f'config.{key} is missing: add it to the config file '
+                        '(configs/default.py lists every key)')
+    node = node[part]
+  return node
+
+
+def _check_int(config, key: str, minimum: int):
+  value = _get(config, key)
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    _fail(key, value, f'must be an integer >= {minimum}; pass --config.{key}=N')
+  return value
+
+
+def _check_real(config, key: str, low: float, high: float, high_inclusive=False):
+  value = _get(config, key)
+  upper_ok = value <= high if high_inclusive else value < high
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (low <= value and
+                                                                           upper_ok):
+    bracket = ']' if high_inclusive else ')'
+    _fail(key, value, f'must be a number in [{low}, {high}{bracket}')
+  return value
+
+
+def _check_choice(config, key: str, choices):
+  value = _get(config, key)
+  if value not in choices:
+    _fail(key, value, f'must be one of {", ".join(map(repr, choices))}')
+  return value
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Returns `config` unchanged if every key is usable, else raises ConfigError."""
+  # Model.
+  model_keys = {f.name for f in dataclasses.fields(TransformerConfig)} - RUN_MODE_FIELDS
+  for key in _get(config, 'model'):
+    if key not in model_keys:
+      _fail(f'model.{key}', config.model[key],
+            f'unknown model key; known: {", ".join(sorted(model_keys))}')
+  d_model = _check_int(config, 'model.d_model', 2)
+  if d_model % 2:
+    _fail('model.d_model', d_model, 'must be even (sine/cosine positional encoding pairs)')
+  num_heads = _check_int(config, 'model.num_heads', 1)
+  if d_model % num_heads:
+    _fail('model.num_heads', num_heads,
+          f'model.d_model={d_model} must be divisible by it (d_k = d_v = d_model / heads); '
+          f'choose a divisor of {d_model}')
+  for key in ('model.d_ff', 'model.num_encoder_layers', 'model.num_decoder_layers',
+              'model.max_positions', 'vocab_size'):
+    _check_int(config, key, 1)
+  for key in ('model.dropout_rate', 'model.attention_dropout_rate', 'model.relu_dropout_rate',
+              'label_smoothing'):
+    _check_real(config, key, 0.0, 1.0)
+  _check_real(config, 'model.layer_norm_epsilon', 0.0, 1.0)
+  _check_choice(config, 'model.positional_encoding', ('sinusoidal', 'learned'))
+  _check_choice(config, 'model.layer_norm', ('post', 'pre'))
+  _check_choice(config, 'model.dtype', tuple(DTYPES))
+  _check_choice(config, 'model.param_dtype', tuple(DTYPES))
+  _check_choice(config, 'model.share_embeddings', (True, False))
+  _check_choice(config, 'model.tie_output_embedding', (True, False))
+
+  # Data.
+  dataset = _get(config, 'dataset')
+  if not isinstance(dataset, str) or ('/' not in dataset and dataset not in LOCAL_DATASETS):
+    _fail('dataset', dataset, f'unknown dataset; use one of {", ".join(LOCAL_DATASETS)} or a '
+          "TFDS translation dataset such as 'wmt14_translate/de-en'")
+  source, target = _get(config, 'source_lang'), _get(config, 'target_lang')
+  if source == target:
+    _fail('target_lang', target, 'must differ from config.source_lang')
+  if dataset == 'multi30k':
+    _check_choice(config, 'source_lang', MULTI30K_LANGUAGES)
+    _check_choice(config, 'target_lang', MULTI30K_LANGUAGES)
+  if not isinstance(_get(config, 'manual_dir'), str):
+    _fail('manual_dir', config.manual_dir, 'must be a directory path or empty')
+  _check_choice(config, 'vocab_model_type', ('bpe', 'unigram'))
+  max_length = _check_int(config, 'max_length', 1)
+  _check_int(config, 'tokens_per_batch', max_length)
+
+  # Optimisation.
+  _check_choice(config, 'schedule', SCHEDULES)
+  _check_real(config, 'lr_scale', 0.0, float('inf'))
+  _check_int(config, 'warmup_steps', 1)
+  _check_real(config, 'adam_b1', 0.0, 1.0)
+  _check_real(config, 'adam_b2', 0.0, 1.0)
+  _check_real(config, 'adam_eps', 0.0, 1.0)
+  _check_real(config, 'grad_clip_norm', 0.0, float('inf'))
+  _check_int(config, 'num_train_steps', 1)
+  _check_int(config, 'grad_accum_steps', 1)
+  _check_int(config, 'seed', 0)
+
+  # Logging and checkpoints (0 = never).
+  for key in ('log_every_steps', 'eval_every_steps', 'bleu_every_steps',
+              'checkpoint_every_steps', 'checkpoint_every_secs'):
+    _check_int(config, key, 0)
+  keep = _check_int(config, 'keep_checkpoints', 1)
+  average_last = _check_int(config, 'average_last', 1)
+  if average_last > keep:
+    _fail('average_last', average_last,
+          f'averaging needs that many checkpoints kept; raise config.keep_checkpoints ({keep})')
+
+  # Decoding.
+  _check_int(config, 'beam_size', 1)
+  _check_real(config, 'alpha', 0.0, float('inf'))
+  extra = _check_int(config, 'decode_extra_length', 0)
+  if config.model.positional_encoding == 'learned' and (config.model.max_positions <
+                                                        max_length + extra):
+    _fail('model.max_positions', config.model.max_positions,
+          f'learned positions must cover max_length + decode_extra_length = {max_length + extra}')
+  return config
+
+
+def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
+  """The model architecture of a validated experiment config."""
+  model = dict(config.model)
+  model['dtype'] = DTYPES[model['dtype']]
+  model['param_dtype'] = DTYPES[model['param_dtype']]
+  return TransformerConfig(vocab_size=config.vocab_size, **model)

@@ -1,0 +1,321 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, section 3) in Flax Linen.
+
+Token ids are int32 with 0 as padding. The decoder reads the targets shifted right by one, with id 0
+as the start symbol, and predicts every target position at once. Packed rows hold several pairs:
+`segment_ids` number the pairs 1, 2, ... (0 = padding) and `positions` restart at 0 for each pair;
+attention never crosses a pair. With `config.decode` the decoder runs one position per call over a
+key/value cache (see `Transformer.decode`).
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Architecture and run mode; defaults are the paper's base model."""
+
+  vocab_size: int
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  dropout_rate: float = 0.1  # P_drop: each sub-layer output and the embedding + position sums
+  attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
+  relu_dropout_rate: float = 0.0  # on the feed-forward hidden layer (not in the paper)
+  share_embeddings: bool = True  # one table for source and target tokens
+  tie_output_embedding: bool = True  # pre-softmax projection = target embedding, transposed
+  positional_encoding: str = 'sinusoidal'  # or 'learned'
+  max_positions: int = 512  # rows of the learned position table
+  layer_norm: str = 'post'  # 'post': LayerNorm(x + Sublayer(x)); 'pre': x + Sublayer(LayerNorm(x))
+  layer_norm_epsilon: float = 1e-6
+  dtype: Any = jnp.float32  # computation
+  param_dtype: Any = jnp.float32  # storage
+  deterministic: bool = True  # False: apply dropout (needs a 'dropout' rng)
+  decode: bool = False  # one target position per call, with a cache
+
+  def replace(self, **changes) -> 'TransformerConfig':
+    return dataclasses.replace(self, **changes)
+
+
+def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same); shape [..., d_model]."""
+  inv_freq = 1.0 / (10000.0 ** (np.arange(0, d_model, 2) / d_model))
+  angles = positions[..., None].astype(jnp.float32) * inv_freq
+  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*angles.shape[:-1], d_model)
+
+
+def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
+  """Decoder inputs: targets moved one step right, each pair starting from the start symbol 0."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segment_ids is not None:
+    shifted = shifted * (segment_ids == jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1])
+  return shifted
+
+
+def attention_mask(query_tokens, key_tokens, query_segments=None, key_segments=None, causal=False):
+  """[batch, 1, queries, keys] mask: both ends real tokens, same packed pair, no look-ahead."""
+  masks = [nn.make_attention_mask(query_tokens > 0, key_tokens > 0)]
+  if query_segments is not None:
+    masks.append(nn.make_attention_mask(query_segments, key_segments, jnp.equal))
+  if causal:
+    masks.append(nn.make_causal_mask(query_tokens))
+  return nn.combine_masks(*masks)
+
+
+def _dense_init():
+  return nn.initializers.xavier_uniform()
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head scaled dot-product attention (section 3.2) with a decoding cache.
+
+  Written around `nn.dot_product_attention` because flax's MultiHeadDotProductAttention re-projects
+  the whole encoder output at every decoding step; here cross-attention keys and values are
+  projected once per sentence and cached, so that a decoding step costs one position.
+  """
+
+  config: TransformerConfig
+  cross: bool = False  # keys/values from the encoder output instead of the queries
+
+  @nn.compact
+  def __call__(self, x: Array, memory: Array | None, mask: Array, decode_index=None) -> Array:
+    cfg = self.config
+    project = functools.partial(
+        nn.DenseGeneral, features=(cfg.num_heads, cfg.d_model // cfg.num_heads), use_bias=False,
+        dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
+    query = project(name='query')(x)
+    key_proj, value_proj = project(name='key'), project(name='value')
+    if self.cross:
+      if cfg.decode and self.has_variable('cache', 'cached_key'):
+        key, value = self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
+      else:
+        key, value = key_proj(memory), value_proj(memory)
+        if cfg.decode:  # cache set-up: the encoder output is projected once per sentence
+          self.put_variable('cache', 'cached_key', key)
+          self.put_variable('cache', 'cached_value', value)
+    else:
+      key, value = key_proj(x), value_proj(x)
+      if cfg.decode:
+        cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+        if decode_index is not None:  # one step: write this position, attend to the prefix
+          start = (0, decode_index, 0, 0)
+          cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, start)
+          cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
+          key, value = cached_key.value, cached_value.value
+          mask = (jnp.arange(key.shape[1]) <= decode_index)[None, None, None, :]
+
+    dropout_rng = None
+    if not cfg.deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    out = nn.dot_product_attention(
+        query, key, value, mask=mask, dropout_rng=dropout_rng,
+        dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
+        dtype=cfg.dtype, force_fp32_for_softmax=True)
+    return nn.DenseGeneral(
+        cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_dense_init(), name='out')(out)
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    dense = functools.partial(
+        nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
+    h = nn.relu(dense(cfg.d_ff, name='hidden')(x))
+    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
+    return dense(cfg.d_model, name='output')(h)
+
+
+class Residual(nn.Module):
+  """One sub-layer with dropout, residual connection and LayerNorm, post- or pre-norm."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: Array, sublayer) -> Array:
+    cfg = self.config
+    norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
+                        param_dtype=cfg.param_dtype, name='norm')
+    dropout = nn.Dropout(cfg.dropout_rate)
+    if cfg.layer_norm == 'pre':
+      return x + dropout(sublayer(norm(x)), deterministic=cfg.deterministic)
+    return norm(x + dropout(sublayer(x), deterministic=cfg.deterministic))
+
+
+class EncoderLayer(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array) -> Array:
+    cfg = self.config
+    attention = MultiHeadAttention(cfg, name='self_attention')
+    x = Residual(cfg, name='self_attention_residual')(x, lambda y: attention(y, None, mask))
+    return Residual(cfg, name='feed_forward_residual')(x, FeedForward(cfg, name='feed_forward'))
+
+
+class DecoderLayer(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x, encoded, self_mask, cross_mask, decode_index=None) -> Array:
+    cfg = self.config
+    self_attention = MultiHeadAttention(cfg, name='self_attention')
+    cross_attention = MultiHeadAttention(cfg, cross=True, name='cross_attention')
+    x = Residual(cfg, name='self_attention_residual')(
+        x, lambda y: self_attention(y, None, self_mask, decode_index))
+    x = Residual(cfg, name='cross_attention_residual')(
+        x, lambda y: cross_attention(y, encoded, cross_mask))
+    return Residual(cfg, name='feed_forward_residual')(x, FeedForward(cfg, name='feed_forward'))
+
+
+class Embedder(nn.Module):
+  """Token embedding times sqrt(d_model), plus positional encoding, then dropout (section 3.4-3.5)."""
+
+  config: TransformerConfig
+  token_embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, tokens: Array, positions: Array) -> Array:
+    cfg = self.config
+    x = self.token_embedding(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+    if cfg.positional_encoding == 'learned':
+      table = self.param('position_embedding', nn.initializers.normal(cfg.d_model**-0.5),
+                         (cfg.max_positions, cfg.d_model), cfg.param_dtype)
+      x = x + jnp.take(table, positions, axis=0).astype(cfg.dtype)
+    else:
+      x = x + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.dtype)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+
+
+def _final_norm(cfg: TransformerConfig, x: Array) -> Array:
+  """Pre-norm stacks end with a LayerNorm; post-norm layers already end with one."""
+  if cfg.layer_norm != 'pre':
+    return x
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
+                      param_dtype=cfg.param_dtype, name='final_norm')(x)
+
+
+def _default_positions(tokens: Array) -> Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+
+
+class Encoder(nn.Module):
+  config: TransformerConfig
+  token_embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, sources, positions=None, segment_ids=None) -> Array:
+    cfg = self.config
+    if positions is None:
+      positions = _default_positions(sources)
+    mask = attention_mask(sources, sources, segment_ids, segment_ids)
+    x = Embedder(cfg, self.token_embedding, name='embedder')(sources, positions)
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f'layer_{i}')(x, mask)
+    return _final_norm(cfg, x)
+
+
+class Decoder(nn.Module):
+  config: TransformerConfig
+  token_embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
+               target_segment_ids=None) -> Array:
+    cfg = self.config
+    decode_index = None
+    if cfg.decode and self.has_variable('cache', 'index'):
+      # One step: `targets` is [batch, 1], the token chosen at the previous step (0 at the first).
+      index = self.variable('cache', 'index', lambda: jnp.array(0, jnp.int32))
+      decode_index = index.value
+      index.value = decode_index + 1
+      inputs = targets
+      positions = jnp.full(targets.shape, decode_index)
+      self_mask = None  # each self-attention layer masks the unwritten part of its cache
+      cross_mask = attention_mask(jnp.ones_like(targets), sources)
+    else:
+      if cfg.decode:  # cache set-up: `targets` is a [batch, max_length] placeholder
+        self.variable('cache', 'index', lambda: jnp.array(0, jnp.int32))
+      inputs = shift_right(targets, target_segment_ids)
+      positions = _default_positions(targets) if target_positions is None else target_positions
+      self_mask = attention_mask(targets, targets, target_segment_ids, target_segment_ids,
+                                 causal=True)
+      cross_mask = attention_mask(targets, sources, target_segment_ids, source_segment_ids)
+    y = Embedder(cfg, self.token_embedding, name='embedder')(inputs, positions)
+    for i in range(cfg.num_decoder_layers):
+      y = DecoderLayer(cfg, name=f'layer_{i}')(y, encoded, self_mask, cross_mask, decode_index)
+    return _final_norm(cfg, y)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder; `__call__(sources, targets)` gives float32 logits [batch, target_len, vocab].
+
+  Parameters: `source_embedding` (the shared table unless `share_embeddings=False`, which adds
+  `target_embedding`), `encoder`, `decoder`, and `output_projection` only when
+  `tie_output_embedding=False`.
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = functools.partial(
+        nn.Embed, cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5))
+    self.source_embedding = embed()
+    target_embedding = self.source_embedding
+    if not cfg.share_embeddings:
+      self.target_embedding = target_embedding = embed()
+    self.encoder = Encoder(cfg, self.source_embedding)
+    self.decoder = Decoder(cfg, target_embedding)
+    if cfg.tie_output_embedding:
+      self.project_output = target_embedding.attend
+    else:
+      self.output_projection = nn.Dense(
+          cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          kernel_init=_dense_init())
+      self.project_output = self.output_projection
+
+  def encode(self, sources, source_positions=None, source_segment_ids=None) -> Array:
+    return self.encoder(sources, source_positions, source_segment_ids)
+
+  def decode(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
+             target_segment_ids=None) -> Array:
+    """Float32 logits for `targets`.
+
+    With `config.decode`, call once with `targets` a [batch, max_length] placeholder and
+    `mutable=['cache']` to set up the cache (this also projects the encoder output for
+    cross-attention), then once per step with the previous token [batch, 1].
+    """
+    y = self.decoder(encoded, sources, targets, target_positions, source_segment_ids,
+                     target_segment_ids)
+    return self.project_output(y).astype(jnp.float32)
+
+  def __call__(self, sources, targets, source_positions=None, source_segment_ids=None,
+               target_positions=None, target_segment_ids=None) -> Array:
+    encoded = self.encode(sources, source_positions, source_segment_ids)
+    return self.decode(encoded, sources, targets, target_positions, source_segment_ids,
+                       target_segment_ids)
+
+
+def parameter_count(config: TransformerConfig) -> int:
+  """Number of parameters, from shapes alone (nothing is allocated)."""
+  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
+  return sum(x.size for x in jax.tree_util.tree_leaves(shapes['params']))
