@@ -1,16 +1,19 @@
 r"""Trains a Transformer: `python train.py --config=configs/X.py --workdir=DIR [--config.key=value]`.
 
-Multi-host: add --coordinator_address=HOST:PORT --num_processes=N --process_id=I on every host
-(on Cloud TPU VMs JAX finds these itself).
+A workdir that holds checkpoints is resumed from the latest one. Several hosts: run the same
+command on each with --coordinator_address=HOST:PORT --num_processes=N --process_id=I (Cloud TPU
+VMs and other clusters JAX knows are detected without them).
 """
 
+import logging as std_logging
 import sys
 
-from absl import app, flags
+import jax
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import config as config_lib
-from transformer.model import parameter_count
+from transformer import data, trainer
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).',
                                           lock_config=True)
@@ -23,15 +26,37 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This host\'s index in [0
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def initialize_distributed():
+  """Joins the other hosts: from the flags, else from a cluster JAX detects, else runs alone."""
+  multi_host_flags = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  if any(flag is not None for flag in multi_host_flags):
+    if None in multi_host_flags:
+      raise app.UsageError('--coordinator_address, --num_processes and --process_id go together')
+    jax.distributed.initialize(*multi_host_flags)
+  else:
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError) as error:  # no cluster around: one process
+      logging.info('single process (%s)', error)
+  if jax.process_index() != 0:
+    logging.set_verbosity(logging.WARNING)
+
+
+def quiet_orbax():
+  """Orbax logs each stage of every save at INFO; keep its warnings and errors."""
+  logging.get_absl_handler().addFilter(
+      lambda record: record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  quiet_orbax()
+  initialize_distributed()
   try:
-    config = config_lib.validate(_CONFIG.value)
-  except config_lib.ConfigError as error:
+    trainer.train(_CONFIG.value, _WORKDIR.value)
+  except (config_lib.ConfigError, data.DataError, trainer.TrainingError) as error:
     sys.exit(f'train.py: {error}')
-  print(f'model: {parameter_count(config_lib.model_config(config)):,} parameters')
-  sys.exit('train.py: the training loop is not implemented yet; the config above is valid.')
 
 
 if __name__ == '__main__':

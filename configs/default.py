@@ -44,8 +44,9 @@ def get_config():
 
   # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   config.label_smoothing = 0.1
-  config.schedule = 'paper'
-  config.lr_scale = 1.0
+  config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
+  config.lr_scale = 1.0  # 'paper' only
+  config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base
   config.warmup_steps = 4000
   config.adam_b1 = 0.9
   config.adam_b2 = 0.98

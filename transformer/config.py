@@ -16,7 +16,7 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float
 MULTI30K_LANGUAGES = ('en', 'de', 'fr')
 # Datasets without a TFDS name; anything of the form 'name/config' is looked up in TFDS.
 LOCAL_DATASETS = ('multi30k', 'synthetic')
-SCHEDULES = ('paper',)
+SCHEDULES = ('paper', 'warmup_rsqrt')
 # Set by the code for each use of the model (training, evaluation, decoding), never by a config.
 RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode'}
 
@@ -113,10 +113,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   # Optimisation.
   _check_choice(config, 'schedule', SCHEDULES)
   _check_real(config, 'lr_scale', 0.0, float('inf'))
+  _check_real(config, 'peak_learning_rate', 0.0, float('inf'))
   _check_int(config, 'warmup_steps', 1)
   _check_real(config, 'adam_b1', 0.0, 1.0)
   _check_real(config, 'adam_b2', 0.0, 1.0)
-  _check_real(config, 'adam_eps', 0.0, 1.0)
+  _check_real(config, 'adam_eps', 0.0, float('inf'))
   _check_real(config, 'grad_clip_norm', 0.0, float('inf'))
   _check_int(config, 'num_train_steps', 1)
   _check_int(config, 'grad_accum_steps', 1)

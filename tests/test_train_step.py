@@ -1,0 +1,152 @@
+"""Schedule, loss and the data-parallel step: the same update however the batch is split."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import jax_utils
+
+from configs import default, tiny
+from transformer import config as config_lib
+from transformer import optim, train_step
+from transformer.checkpoints import local_copy
+
+
+@pytest.mark.parametrize('step', [1, 2000, 4000, 16000, 100_000])
+def test_paper_schedule_equals_the_formula(step):
+  config = default.get_config()
+  expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+  got = float(optim.learning_rate(config)(step))
+  assert abs(got - expected) / expected <= 1e-6
+
+
+def test_warmup_rsqrt_schedule_peaks_at_the_given_value():
+  config = default.get_config()
+  config.schedule, config.peak_learning_rate = 'warmup_rsqrt', 1e-3
+  schedule = optim.learning_rate(config)
+  np.testing.assert_allclose([float(schedule(s)) for s in (400, 4000, 16000)],
+                             [1e-4, 1e-3, 5e-4], rtol=1e-6)
+
+
+def test_first_update_uses_the_step_1_learning_rate():
+  config = default.get_config()
+  tx = optim.optimizer(config)
+  params = {'w': jnp.zeros(3)}
+  updates, _ = tx.update({'w': jnp.array([0.5, -2.0, 1.0])}, tx.init(params), params)
+  # Adam's first step moves each weight by lr * sign(g) (bias-corrected moments, tiny eps).
+  np.testing.assert_allclose(updates['w'], -512**-0.5 * 4000**-1.5 * np.array([1, -1, 1]),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize('clip', [0.0, 0.01])
+def test_gradient_clipping_is_applied_when_configured(clip):
+  config = default.get_config()
+  config.grad_clip_norm, config.adam_eps = clip, 1.0  # a large eps makes Adam scale-sensitive
+  tx = optim.optimizer(config)
+  params, grads = {'w': jnp.zeros(2)}, {'w': jnp.array([3.0, 4.0])}  # norm 5
+  updates, _ = tx.update(grads, tx.init(params), params)
+  g = grads['w'] * (clip / 5.0 if clip else 1.0)
+  lr = 512**-0.5 * 4000**-1.5
+  np.testing.assert_allclose(updates['w'], -lr * g / (jnp.abs(g) + 1.0), rtol=1e-5)
+
+
+def test_label_smoothed_loss_equals_optax_smooth_labels():
+  logits = jax.random.normal(jax.random.key(0), (2, 5, 11))
+  targets = jnp.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 6]])
+  sums = train_step.token_sums(logits, targets, 0.1)
+  smoothed = optax.smooth_labels(jax.nn.one_hot(targets, 11), 0.1)
+  weights = targets > 0
+  expected = (optax.softmax_cross_entropy(logits, smoothed) * weights).sum()
+  np.testing.assert_allclose(sums['loss'], expected, rtol=1e-6)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  np.testing.assert_allclose(sums['nll'], (nll * weights).sum(), rtol=1e-6)
+  assert sums['tokens'] == 8
+
+
+def _setup():
+  config = tiny.get_config()
+  config.model.update(dropout_rate=0.0)  # so that the split cannot change random masks
+  # Adam's first step is lr * g / (|g| + eps): with the paper's eps it is lr * sign(g), blind to
+  # how g was summed and normalised. With eps = 10 it is about lr * g / 10, so the parameters
+  # show any difference in the gradients.
+  config.adam_eps = 10.0
+  config.lr_scale = 10.0  # updates well above the float32 spacing of the weights
+  config_lib.validate(config)
+  model_config = config_lib.model_config(config)
+  state = train_step.initial_state(config, model_config)
+  # Eight rows of different lengths: each device sees a different number of real tokens.
+  rng = np.random.default_rng(0)
+  lengths = [3, 9, 5, 12, 1, 7, 10, 4]
+  sources = np.zeros((8, 12), np.int32)
+  targets = np.zeros((8, 12), np.int32)
+  for row, n in enumerate(lengths):
+    sources[row, :n] = rng.integers(3, config.vocab_size, n)
+    targets[row, :13 - n] = rng.integers(3, config.vocab_size, 13 - n)
+  return config, model_config, state, {'sources': sources, 'targets': targets}
+
+
+def _update(steps, state, batch, devices, grad_accum=1):
+  """One update with the batch split over `devices` and then over `grad_accum` micro-batches."""
+  n = len(devices)
+  micro = [{k: v.reshape(n, grad_accum, -1, v.shape[-1])[:, i] for k, v in batch.items()}
+           for i in range(grad_accum)]
+  state = jax_utils.replicate(state, devices)
+  if grad_accum == 1:
+    new_state, metrics = jax.pmap(steps.train_step, train_step.AXIS, devices=devices)(state,
+                                                                                       micro[0])
+  else:
+    index = lambda i: np.full(n, i, np.int32)
+    acc = jax.pmap(steps.gradients, train_step.AXIS, devices=devices)(state, micro[0], index(0))
+    for i in range(1, grad_accum):
+      acc = jax.pmap(steps.accumulate, train_step.AXIS, devices=devices)(state, micro[i],
+                                                                         index(i), acc)
+    new_state, metrics = jax.pmap(steps.apply_gradients, train_step.AXIS, devices=devices)(
+        state, *acc)
+  return local_copy(new_state), local_copy(metrics)
+
+
+def _max_difference(a, b):
+  return max(float(jnp.abs(x - y).max()) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                          jax.tree_util.tree_leaves(b)))
+
+
+def test_one_device_and_four_devices_make_the_same_update():
+  assert jax.local_device_count() >= 4, 'tests/conftest.py asks XLA for 4 CPU devices'
+  config, model_config, state, batch = _setup()
+  steps = train_step.StepFunctions(config, model_config)
+  one, metrics_one = _update(steps, state, batch, jax.local_devices()[:1])
+  four, metrics_four = _update(steps, state, batch, jax.local_devices()[:4])
+  assert metrics_one['tokens'] == metrics_four['tokens'] == 53  # 13 * 8 - sum(lengths)
+  np.testing.assert_allclose(metrics_one['loss'], metrics_four['loss'], rtol=1e-6)
+  update = _max_difference(state.params, one.params)
+  assert update > 1e-5
+  # Same sums in another order: float32 rounding only (the parameters' own ulp is 3e-8).
+  assert _max_difference(one.params, four.params) < 1e-3 * update
+
+
+def test_gradient_accumulation_equals_the_doubled_batch():
+  config, model_config, state, batch = _setup()
+  steps = train_step.StepFunctions(config, model_config)
+  whole, _ = _update(steps, state, batch, jax.local_devices()[:1])
+  accumulated, metrics = _update(steps, state, batch, jax.local_devices()[:1], grad_accum=2)
+  assert metrics['tokens'] == 53
+  update = _max_difference(state.params, whole.params)
+  assert _max_difference(whole.params, accumulated.params) < 1e-3 * update
+  # and on four devices with two micro-batches each
+  spread, _ = _update(steps, state, batch, jax.local_devices()[:4], grad_accum=2)
+  assert _max_difference(whole.params, spread.params) < 1e-3 * update
+
+
+def test_a_non_finite_gradient_leaves_the_state_unchanged():
+  config, model_config, state, batch = _setup()
+  steps = train_step.StepFunctions(config, model_config)
+  state = jax_utils.replicate(state, jax.local_devices()[:1])
+  grads, sums = jax.pmap(steps.gradients, train_step.AXIS, devices=jax.local_devices()[:1])(
+      state, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
+  grads = jax.tree_util.tree_map(lambda g: g.at[:].set(jnp.nan), grads)
+  new_state, metrics = jax.pmap(steps.apply_gradients, train_step.AXIS,
+                                devices=jax.local_devices()[:1])(state, grads, sums)
+  assert float(metrics['finite'][0]) == 0.0
+  assert _max_difference(state.params, new_state.params) == 0.0
+  assert int(new_state.step[0]) == 0

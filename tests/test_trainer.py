@@ -1,0 +1,175 @@
+"""train.py end to end on configs/tiny.py: outputs, resume, preemption, NaN, several hosts."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny
+from transformer import config as config_lib
+from transformer import train_step
+from transformer.checkpoints import Checkpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(devices: int) -> dict:
+  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  env.pop('JAX_PLATFORMS', None)
+  return env
+
+
+def train_command(workdir, *overrides):
+  return [sys.executable, os.path.join(ROOT, 'train.py'), '--config=configs/tiny.py',
+          f'--workdir={workdir}', *overrides]
+
+
+def run_train(workdir, *overrides, devices=1, expect_ok=True):
+  result = subprocess.run(train_command(workdir, *overrides), cwd=ROOT, env=_env(devices),
+                          capture_output=True, text=True, timeout=600)
+  if expect_ok:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def restore(workdir, step):
+  config = tiny.get_config()
+  state = train_step.initial_state(config, config_lib.model_config(config))
+  checkpoints = Checkpoints(workdir)
+  tree, meta = checkpoints.restore(step, {'params': state.params, 'opt_state': state.opt_state})
+  checkpoints.close()
+  return tree, meta
+
+
+def max_difference(a, b):
+  return max(float(np.abs(x - y).max()) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                          jax.tree_util.tree_leaves(b)))
+
+
+@pytest.fixture(scope='module')
+def full_run(tmp_path_factory):
+  """40 steps of configs/tiny.py in one go (checkpoints at 20 and 40)."""
+  workdir = str(tmp_path_factory.mktemp('full'))
+  run_train(workdir)
+  return workdir
+
+
+def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full_run):
+  with open(os.path.join(full_run, 'config.json')) as f:
+    assert json.load(f) == json.loads(tiny.get_config().to_json())
+  rows = read_metrics(full_run)
+  train_rows = [r for r in rows if 'split' not in r]
+  eval_rows = [r for r in rows if r.get('split') == 'validation']
+  assert [r['step'] for r in train_rows] == [10, 20, 30, 40]
+  assert [r['step'] for r in eval_rows] == [20, 40]
+  for key in ('loss', 'nll', 'perplexity', 'accuracy', 'learning_rate', 'grad_norm',
+              'target_tokens_per_sec', 'step_secs', 'model_flops_per_sec', 'eta_secs'):
+    assert all(np.isfinite(r[key]) for r in train_rows), key
+  config = tiny.get_config()
+  assert train_rows[1]['learning_rate'] == pytest.approx(
+      config.model.d_model**-0.5 * min(20**-0.5, 20 * config.warmup_steps**-1.5), rel=1e-6)
+  assert train_rows[-1]['loss'] < train_rows[0]['loss'] - 0.3
+  assert eval_rows[-1]['loss'] < eval_rows[0]['loss']
+  assert Checkpoints(full_run).all_steps() == [20, 40]
+  assert os.listdir(os.path.join(full_run, 'tensorboard'))
+
+
+def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
+  workdir = str(tmp_path)
+  run_train(workdir, '--config.num_train_steps=20')
+  result = run_train(workdir)
+  assert 'resumed from step 20' in result.stderr
+  resumed, meta = restore(workdir, 40)
+  uninterrupted, meta_full = restore(full_run, 40)
+  assert meta == meta_full
+  assert max_difference(resumed, uninterrupted) == 0.0
+  rows = read_metrics(workdir)
+  assert [r['step'] for r in rows if 'split' not in r] == [10, 20, 30, 40]
+
+
+def test_sigterm_saves_the_current_step_and_exits_cleanly(tmp_path):
+  workdir = str(tmp_path)
+  process = subprocess.Popen(
+      train_command(workdir, '--config.num_train_steps=100000', '--config.eval_every_steps=0',
+                    '--config.checkpoint_every_steps=0'),
+      cwd=ROOT, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 300
+  while not os.path.exists(metrics) and time.time() < deadline and process.poll() is None:
+    time.sleep(0.2)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 0, stderr[-3000:]
+  line = next(l for l in stderr.splitlines() if 'SIGTERM: saved a checkpoint at step' in l)
+  step = int(line.split('at step ')[1].split(';')[0])
+  assert step >= 10 and Checkpoints(workdir).all_steps() == [step]
+  assert restore(workdir, step)[1]['step'] == step
+
+
+def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tmp_path):
+  workdir = os.path.join(str(tmp_path), 'run')
+  shutil.copytree(full_run, workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '40'))
+  good, _ = restore(workdir, 20)
+  result = run_train(workdir, '--config.lr_scale=1e30', expect_ok=False)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  message = result.stderr.strip().splitlines()[-1]
+  assert message.startswith('train.py: the loss is nan at step 2')
+  assert 'latest checkpoint (step 20)' in message
+  assert Checkpoints(workdir).all_steps() == [20]
+  assert max_difference(restore(workdir, 20)[0], good) == 0.0
+
+
+def test_resuming_with_another_model_is_refused(full_run):
+  result = run_train(full_run, '--config.model.d_ff=128', expect_ok=False)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  assert 'config.model.d_ff=128 conflicts with 64 in' in result.stderr
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_hosts_with_two_devices_each_equal_one_host_with_four(tmp_path):
+  overrides = ['--config.num_train_steps=10', '--config.checkpoint_every_steps=10',
+               '--config.eval_every_steps=10']
+  single = str(tmp_path / 'single')
+  run_train(single, *overrides, devices=4)
+
+  multi = str(tmp_path / 'multi')
+  port = _free_port()
+  processes = [
+      subprocess.Popen(train_command(multi, *overrides, f'--coordinator_address=127.0.0.1:{port}',
+                                     '--num_processes=2', f'--process_id={i}'),
+                       cwd=ROOT, env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+      for i in range(2)]
+  outputs = [p.communicate(timeout=600) for p in processes]
+  for p, (_, stderr) in zip(processes, outputs):
+    assert p.returncode == 0, stderr[-3000:]
+  assert 'process 0/2, 2 local devices, 4 devices in all' in outputs[0][1]
+
+  single_params, single_meta = restore(single, 10)
+  multi_params, multi_meta = restore(multi, 10)
+  assert single_meta == multi_meta
+  # Dropout is on: each device draws the same masks in both layouts. Differences are rounding.
+  assert max_difference(single_params, multi_params) < 1e-5
+  single_rows, multi_rows = read_metrics(single), read_metrics(multi)
+  assert [r['step'] for r in multi_rows] == [r['step'] for r in single_rows]
+  np.testing.assert_allclose([r['loss'] for r in multi_rows], [r['loss'] for r in single_rows],
+                             rtol=1e-5)

@@ -1,0 +1,107 @@
+"""The loss and the data-parallel training and evaluation steps, to be run under `jax.pmap`.
+
+Each device computes sums over its own real (non-pad) target tokens; the sums are combined over
+the device axis and, with gradient accumulation, over micro-batches, and only then divided by the
+global token count, so an update is the same however the global batch is split.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax.training import train_state
+
+from transformer import optim
+from transformer.model import Transformer, TransformerConfig
+
+AXIS = 'batch'  # the pmapped device axis
+TrainState = train_state.TrainState
+
+
+def initial_state(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> TrainState:
+  """Parameters initialised from config.seed, and the optimizer's state."""
+  model = Transformer(model_config)
+  tokens = jnp.ones((1, 1), jnp.int32)
+  params = jax.jit(model.init)(jax.random.key(config.seed), tokens, tokens)['params']
+  return TrainState.create(apply_fn=model.apply, params=params, tx=optim.optimizer(config))
+
+
+def token_sums(logits, targets, label_smoothing: float) -> dict:
+  """Sums over real target tokens: label-smoothed loss, NLL, correct predictions and their count.
+
+  Smoothing puts (1 - eps) on the reference token and eps spread evenly over the vocabulary
+  (Szegedy et al., as cited in section 5.4); its cross-entropy is written as
+  (1 - eps) * nll + eps * (logsumexp - mean logit), which avoids a [tokens, vocab] one-hot.
+  """
+  weights = (targets > 0).astype(jnp.float32)
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+  nll = log_normalizer - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  smoothing = log_normalizer - logits.mean(axis=-1)
+  loss = (1.0 - label_smoothing) * nll + label_smoothing * smoothing
+  correct = (logits.argmax(-1) == targets).astype(jnp.float32)
+  return {
+      'loss': (loss * weights).sum(),
+      'nll': (nll * weights).sum(),
+      'correct': (correct * weights).sum(),
+      'tokens': weights.sum(),
+  }
+
+
+def _batch_sums(params, batch, model: nn.Module, label_smoothing, rngs=None):
+  logits = model.apply({'params': params}, **batch, rngs=rngs)
+  sums = token_sums(logits, batch['targets'], label_smoothing)
+  sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
+  return sums
+
+
+class StepFunctions:
+  """The per-device step functions of one experiment; wrap each in `jax.pmap(..., AXIS)`."""
+
+  def __init__(self, config: ml_collections.ConfigDict, model_config: TransformerConfig):
+    self.train_model = Transformer(model_config.replace(deterministic=False))
+    self.eval_model = Transformer(model_config.replace(deterministic=True))
+    self.label_smoothing = config.label_smoothing
+    self.schedule = optim.learning_rate(config)
+    self.seed = config.seed
+
+  def gradients(self, state: TrainState, batch, micro_step):
+    """Gradients of the loss sum and the token sums of one micro-batch on this device."""
+    # Dropout differs per step, micro-batch and device, and follows from the seed alone.
+    rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
+    rng = jax.random.fold_in(jax.random.fold_in(rng, micro_step), jax.lax.axis_index(AXIS))
+
+    def loss_sum(params):
+      sums = _batch_sums(params, batch, self.train_model, self.label_smoothing, {'dropout': rng})
+      return sums['loss'], sums
+
+    grads, sums = jax.grad(loss_sum, has_aux=True)(state.params)
+    return grads, sums
+
+  def accumulate(self, state: TrainState, batch, micro_step, accumulated):
+    """Adds one more micro-batch to the (gradient, sums) accumulated so far."""
+    return jax.tree_util.tree_map(jnp.add, accumulated, self.gradients(state, batch, micro_step))
+
+  def apply_gradients(self, state: TrainState, grads, sums):
+    """Combines sums over devices, normalises by the global target token count and updates.
+
+    A non-finite loss or gradient leaves the state unchanged and reports `finite` = 0.
+    """
+    grads, sums = jax.lax.psum((grads, sums), AXIS)
+    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(sums['tokens'], 1.0), grads)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm)
+    updated = state.apply_gradients(grads=grads)
+    new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old), updated,
+                                       state)
+    metrics = dict(sums, grad_norm=grad_norm, learning_rate=self.schedule(state.step + 1),
+                   finite=finite.astype(jnp.float32))
+    return new_state, metrics
+
+  def train_step(self, state: TrainState, batch):
+    """One update from one micro-batch per device (no accumulation)."""
+    return self.apply_gradients(state, *self.gradients(state, batch, 0))
+
+  def eval_step(self, params, batch):
+    """Token sums over the global batch, without dropout."""
+    return jax.lax.psum(_batch_sums(params, batch, self.eval_model, self.label_smoothing), AXIS)
