@@ -1,0 +1,133 @@
+"""Greedy and beam search against brute force, uncached decoding and the paper's rules."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import decode
+from transformer.model import Transformer, TransformerConfig
+
+# Vocabulary of 4: pad 0, EOS 1 and two words. Scaled weights make the distributions peaked.
+CONFIG = TransformerConfig(vocab_size=4, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+                           num_decoder_layers=1)
+SOURCES = jnp.array([[2, 3, 2, 1], [3, 1, 0, 0], [2, 2, 3, 1]])
+
+
+@pytest.fixture(scope='module', params=[3, 4])
+def params(request):
+  params = Transformer(CONFIG).init(jax.random.key(request.param), SOURCES, SOURCES)['params']
+  return jax.tree_util.tree_map(lambda x: 4 * x, params)
+
+
+def sequence_log_probs(params, source, sequences):
+  """log P(sequence | source) for each sequence, from one full forward pass (no cache)."""
+  length = max(map(len, sequences))
+  targets = jnp.array([seq + [0] * (length - len(seq)) for seq in sequences])
+  logits = Transformer(CONFIG).apply({'params': params}, jnp.tile(source, (len(sequences), 1)),
+                                     targets)
+  token_log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)
+  return np.asarray((token_log_probs[..., 0] * (targets > 0)).sum(-1))
+
+
+def brute_force_best(params, source, extra_length, alpha):
+  """Highest log P / length penalty over every sequence up to the length limit (EOS last)."""
+  limit = int((source > 0).sum()) + extra_length
+  sequences = [list(body) + [decode.EOS_ID] for length in range(limit)
+               for body in itertools.product([2, 3], repeat=length)]  # pad is never an output
+  scores = sequence_log_probs(params, source, sequences) / np.array(
+      [float(decode.length_penalty(len(seq), alpha)) for seq in sequences])
+  best = int(np.argmax(scores))
+  return float(scores[best]), sequences[best]
+
+
+def strip(row):
+  row = list(np.asarray(row))
+  return row[:row.index(decode.EOS_ID) + 1]
+
+
+def always_predicting(token: int):
+  """Parameters giving `token` the logit 16, EOS -16 (unless it is `token`), others 0."""
+  config = CONFIG.replace(tie_output_embedding=False)
+  params = Transformer(config).init(jax.random.key(0), SOURCES, SOURCES)['params']
+  kernel = jnp.zeros((16, 4)).at[:, decode.EOS_ID].set(-1.0).at[:, token].set(1.0)
+  params['output_projection']['kernel'] = kernel
+  # The last LayerNorm's output then sums to 16, so column c of the kernel gives 16 * c.
+  last_norm = params['decoder']['layer_0']['feed_forward_residual']['norm']
+  last_norm['bias'] = jnp.ones(16)
+  return config, params
+
+
+def test_beam_size_one_is_greedy_search(params):
+  greedy = decode.greedy_search(CONFIG, params, SOURCES, extra_length=3)
+  beam, _, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=1, extra_length=3)
+  np.testing.assert_array_equal(greedy, beam)
+
+
+def test_cached_greedy_equals_recomputing_the_prefix(params):
+  greedy = decode.greedy_search(CONFIG, params, SOURCES, extra_length=3)
+  forward = jax.jit(Transformer(CONFIG).apply)
+  for row, source in enumerate(SOURCES):
+    limit = int((source > 0).sum()) + 3
+    tokens = []
+    while not tokens or tokens[-1] != decode.EOS_ID:
+      # The whole prefix again; later positions hold placeholders, which causality ignores.
+      targets = jnp.array([tokens + [2] * (greedy.shape[1] - len(tokens))])
+      logits = forward({'params': params}, source[None], targets)
+      next_logits = np.array(logits[0, len(tokens)])
+      next_logits[decode.PAD_ID] = -np.inf
+      if len(tokens) + 1 == limit:
+        next_logits[np.arange(4) != decode.EOS_ID] = -np.inf
+      tokens.append(int(next_logits.argmax()))
+    assert strip(greedy[row]) == tokens
+
+
+def test_cached_beam_search_equals_recomputing_the_prefix(params):
+  tokens, scores, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=4, alpha=0.6,
+                                         extra_length=3)
+  for row, source in enumerate(SOURCES):
+    hypothesis = strip(tokens[row])
+    expected = sequence_log_probs(params, source, [hypothesis])[0] / float(
+        decode.length_penalty(len(hypothesis), 0.6))
+    assert float(scores[row]) == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
+def test_large_beam_finds_the_brute_force_optimum(params, alpha):
+  # 2^5 = 32 sequences of the longest length: a beam of 64 never prunes.
+  tokens, scores, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=64, alpha=alpha,
+                                         extra_length=2)
+  for row, source in enumerate(SOURCES):
+    best_score, best_tokens = brute_force_best(params, source, 2, alpha)
+    assert strip(tokens[row]) == best_tokens
+    assert float(scores[row]) == pytest.approx(best_score, abs=1e-4)
+
+
+@pytest.mark.parametrize('extra', [0, 2, 5])
+def test_outputs_stop_at_source_length_plus_extra(extra):
+  config, params = always_predicting(2)  # never wants to stop
+  limits = [int(n) + extra for n in (SOURCES > 0).sum(-1)]
+  greedy = decode.greedy_search(config, params, SOURCES, extra_length=extra)
+  # With EOS last, no beam of 2 can finish before the limit.
+  beam, _, steps = decode.beam_search(config, params, SOURCES, beam_size=2, extra_length=extra)
+  for out in (greedy, beam):
+    assert out.shape == (3, SOURCES.shape[1] + extra)
+    assert [len(strip(row)) for row in out] == limits
+    assert all(strip(row)[:-1] == [2] * (len(strip(row)) - 1) for row in out)
+  assert int(steps) == max(limits)
+
+
+def test_beam_search_stops_once_nothing_alive_can_win():
+  config, params = always_predicting(decode.EOS_ID)
+  tokens, _, steps = decode.beam_search(config, params, SOURCES, beam_size=4, extra_length=50)
+  assert [strip(row) for row in tokens] == [[decode.EOS_ID]] * 3
+  # EOS wins at the first step; every other continuation is 16 nats behind and can only fall.
+  assert int(steps) == 1
+
+
+def test_length_penalty_is_gnmts():
+  assert float(decode.length_penalty(1, 0.6)) == pytest.approx(1.0)
+  assert float(decode.length_penalty(7, 0.6)) == pytest.approx(2.0**0.6)
+  assert float(decode.length_penalty(10, 0.0)) == 1.0

@@ -1,0 +1,158 @@
+"""Greedy and beam-search decoding over the model's key/value cache (section 6.1).
+
+Outputs are [batch, length] token ids ending with EOS (1) and padded with 0. The longest output of
+a sentence is its source length + `extra_length` tokens, both counting EOS; a beam search stops
+once no live hypothesis can still beat the best finished one.
+
+Written by hand: neither flax nor optax ships a beam search; this one follows the paper (GNMT
+length penalty, early stop) and reorders the cache with one gather per step.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.model import Transformer, TransformerConfig
+
+PAD_ID, EOS_ID = 0, 1
+NEG_INF = -1.0e7  # large but finite: -inf - -inf would give NaN in score arithmetic
+
+
+def length_penalty(length, alpha: float):
+  """GNMT (Wu et al. 2016): ((5 + |Y|) / 6)^alpha."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def max_output_lengths(sources, extra_length: int):
+  """Per sentence: source length (with its EOS) + extra_length."""
+  return (sources > 0).sum(-1) + extra_length
+
+
+class _Decoder:
+  """The cached decoder of one model and batch: set up once, then one position per call."""
+
+  def __init__(self, config: TransformerConfig, params, sources, copies: int, cache_length: int):
+    model = Transformer(config.replace(deterministic=True, decode=False))
+    self.model = Transformer(config.replace(deterministic=True, decode=True))
+    self.params = params
+    encoded = model.apply({'params': params}, sources, method=Transformer.encode)
+    repeat = lambda x: jnp.repeat(x, copies, axis=0)  # rows of one sentence next to each other
+    self.encoded, self.sources = repeat(encoded), repeat(sources)
+    placeholder = jnp.zeros((self.sources.shape[0], cache_length), jnp.int32)
+    _, variables = self.model.apply({'params': params}, self.encoded, self.sources, placeholder,
+                                    method=Transformer.decode, mutable=['cache'])
+    self.initial_cache = variables['cache']
+
+  def log_probs(self, cache, tokens):
+    """(log-probabilities [rows, vocab] of the next token after `tokens` [rows], new cache)."""
+    logits, variables = self.model.apply(
+        {'params': self.params, 'cache': cache}, self.encoded, self.sources, tokens[:, None],
+        method=Transformer.decode, mutable=['cache'])
+    return jax.nn.log_softmax(logits[:, 0]), variables['cache']
+
+
+def _gather_beams(x, beams):
+  """x[b, beams[b, i], ...] for x of shape [batch, beam, ...] and beams of shape [batch, k]."""
+  return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _allowed(log_probs, at_limit):
+  """Never the pad id; at the length limit only EOS (keeping its own probability)."""
+  ids = jnp.arange(log_probs.shape[-1])
+  return jnp.where((ids == PAD_ID) | (at_limit & (ids != EOS_ID)), NEG_INF, log_probs)
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'extra_length'))
+def greedy_search(config: TransformerConfig, params, sources, extra_length: int = 50):
+  """The most probable token at each step, until EOS or the length limit."""
+  batch, length = sources.shape[0], sources.shape[1] + extra_length
+  decoder = _Decoder(config, params, sources, 1, length)
+  limits = max_output_lengths(sources, extra_length)
+
+  def step(carry, position):
+    cache, token, done = carry
+    log_probs, cache = decoder.log_probs(cache, token)
+    log_probs = _allowed(log_probs, (position + 1 >= limits)[:, None])
+    token = jnp.where(done, 0, jnp.argmax(log_probs, -1))
+    return (cache, token, done | (token == EOS_ID)), token
+
+  init = (decoder.initial_cache, jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
+  _, tokens = jax.lax.scan(step, init, jnp.arange(length))
+  return tokens.T
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'beam_size', 'alpha', 'extra_length'))
+def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, alpha: float = 0.6,
+                extra_length: int = 50):
+  """Best hypothesis by log-probability / length_penalty.
+
+  Returns (tokens [batch, length], scores [batch], number of decoding steps run).
+  """
+  batch, length = sources.shape[0], sources.shape[1] + extra_length
+  decoder = _Decoder(config, params, sources, beam_size, length)
+  limits = max_output_lengths(sources, extra_length)
+  best_possible_penalty = length_penalty(limits, alpha)
+
+  def reorder_cache(cache, beams):
+    """Self-attention caches follow their beams; cross-attention ones are the same for all."""
+    def gather(path, x):
+      if x.ndim == 0 or any(getattr(k, 'key', None) == 'cross_attention' for k in path):
+        return x
+      x = _gather_beams(x.reshape(batch, beam_size, *x.shape[1:]), beams)
+      return x.reshape(batch * beam_size, *x.shape[2:])
+    return jax.tree_util.tree_map_with_path(gather, cache)
+
+  def sentence_done(live_log_probs, finished_scores):
+    """A sentence is done with `beam` finished hypotheses, or when none alive can win."""
+    # Log-probabilities only fall, and the penalty is largest at the longest allowed length.
+    best_live = live_log_probs[:, 0] / best_possible_penalty
+    return (finished_scores[:, -1] > NEG_INF) | (best_live <= finished_scores[:, 0])
+
+  def not_done(state):
+    position, _, live_log_probs, _, finished_scores, _ = state
+    return (position < length) & ~sentence_done(live_log_probs, finished_scores).all()
+
+  def step(state):
+    position, live_tokens, live_log_probs, finished_tokens, finished_scores, cache = state
+    done = sentence_done(live_log_probs, finished_scores)[:, None]  # frozen from now on
+    last = jax.lax.dynamic_index_in_dim(live_tokens, jnp.maximum(position - 1, 0), axis=2,
+                                        keepdims=False)
+    last = jnp.where(position == 0, 0, last)  # the start symbol
+    log_probs, cache = decoder.log_probs(cache, last.reshape(-1))
+    log_probs = log_probs.reshape(batch, beam_size, -1)
+    log_probs = _allowed(log_probs, (position + 1 >= limits)[:, None, None])
+    vocab = log_probs.shape[-1]
+    candidates = (live_log_probs[:, :, None] + log_probs).reshape(batch, -1)
+    # 2 * beam candidates always leave at least `beam` that do not end with EOS.
+    top_log_probs, top_ids = jax.lax.top_k(candidates, 2 * beam_size)
+    top_beams, top_tokens = top_ids // vocab, top_ids % vocab
+    top_sequences = _gather_beams(live_tokens, top_beams)
+    top_sequences = jax.lax.dynamic_update_index_in_dim(top_sequences, top_tokens, position, 2)
+    ends = top_tokens == EOS_ID
+
+    # Finished: EOS-ending candidates among the best `beam` (so beam 1 is greedy search) join
+    # the kept best `beam`. Candidates below NEG_INF / 2 come from empty beams.
+    finishing = ends & (jnp.arange(2 * beam_size) < beam_size) & ~done & (
+        top_log_probs > NEG_INF / 2)
+    new_scores = jnp.where(finishing, top_log_probs / length_penalty(position + 1, alpha),
+                           NEG_INF)
+    all_scores = jnp.concatenate([finished_scores, new_scores], axis=1)
+    all_tokens = jnp.concatenate([finished_tokens, top_sequences], axis=1)
+    finished_scores, keep = jax.lax.top_k(all_scores, beam_size)
+    finished_tokens = _gather_beams(all_tokens, keep)
+
+    # Live: the best `beam` candidates that did not end.
+    live_log_probs, keep = jax.lax.top_k(jnp.where(ends, NEG_INF, top_log_probs), beam_size)
+    live_tokens = _gather_beams(top_sequences, keep)
+    cache = reorder_cache(cache, jnp.take_along_axis(top_beams, keep, axis=1))
+    return position + 1, live_tokens, live_log_probs, finished_tokens, finished_scores, cache
+
+  # Only the first live beam starts alive, so the first step does not pick one token `beam` times.
+  live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1)), (batch, 1))
+  tokens = jnp.zeros((batch, beam_size, length), jnp.int32)
+  state = (jnp.array(0), tokens, live_log_probs, tokens,
+           jnp.full((batch, beam_size), NEG_INF), decoder.initial_cache)
+  steps, _, _, finished_tokens, finished_scores, _ = jax.lax.while_loop(not_done, step, state)
+  return finished_tokens[:, 0], finished_scores[:, 0], steps
