@@ -13,7 +13,7 @@ def get_config():
   config = ml_collections.ConfigDict()
 
   # Data: WMT 2014 English-German, 4.5M pairs; newstest2013 validation, newstest2014 test.
-  config.dataset = 'wmt14_translate/de-en'  # a TFDS name, 'multi30k' or 'synthetic'
+  config.dataset = 'wmt14_translate/de-en'  # a TFDS name, 'multi30k', 'text' or 'synthetic'
   config.source_lang = 'en'
   config.target_lang = 'de'
   config.manual_dir = ''  # local copy of the dataset's files (multi30k); empty = download
@@ -21,6 +21,14 @@ def get_config():
   config.vocab_model_type = 'bpe'  # SentencePiece model type
   config.max_length = 256  # pairs with a side longer than this (in tokens) are dropped (t2t's)
   config.tokens_per_batch = 25000  # ~25000 source and ~25000 target tokens per update
+
+  # Input pipeline (not from the paper).
+  config.packing = False  # True: several pairs per max_length row instead of length buckets
+  config.vocab_sample_size = 1_000_000  # training pairs (both sides) the vocabulary learns from
+  config.tfds_data_dir = ''  # where TFDS datasets are stored; empty = TFDS's default
+  config.train_files = ''  # dataset='text': e.g. 'data/train.{lang}.gz', {lang} = a language
+  config.validation_files = ''  # dataset='text', optional
+  config.test_files = ''  # dataset='text', optional
 
   # Model (section 3, base): N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1.
   config.model = ml_collections.ConfigDict(dict(

@@ -11,16 +11,17 @@ def get_config():
   config.dataset = 'synthetic'  # generated pairs; --config.dataset=multi30k for real text
   config.vocab_size = 64
   config.max_length = 16
-  config.tokens_per_batch = 256
+  config.tokens_per_batch = 1024
   config.model.update(dict(
       d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
       max_positions=128, dtype='float32'))
-  config.warmup_steps = 10
-  config.num_train_steps = 40
-  config.log_every_steps = 10
-  config.eval_every_steps = 20
+  config.lr_scale = 0.3  # the paper's schedule peaks at 0.056 for d_model 32: too high here
+  config.warmup_steps = 20
+  config.num_train_steps = 100
+  config.log_every_steps = 20
+  config.eval_every_steps = 50
   config.bleu_every_steps = 0
-  config.checkpoint_every_steps = 20
+  config.checkpoint_every_steps = 50
   config.checkpoint_every_secs = 0
   config.keep_checkpoints = 2
   config.average_last = 2

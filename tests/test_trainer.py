@@ -61,7 +61,7 @@ def max_difference(a, b):
 
 @pytest.fixture(scope='module')
 def full_run(tmp_path_factory):
-  """40 steps of configs/tiny.py in one go (checkpoints at 20 and 40)."""
+  """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
   run_train(workdir)
   return workdir
@@ -73,31 +73,33 @@ def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full
   rows = read_metrics(full_run)
   train_rows = [r for r in rows if 'split' not in r]
   eval_rows = [r for r in rows if r.get('split') == 'validation']
-  assert [r['step'] for r in train_rows] == [10, 20, 30, 40]
-  assert [r['step'] for r in eval_rows] == [20, 40]
+  assert [r['step'] for r in train_rows] == [20, 40, 60, 80, 100]
+  assert [r['step'] for r in eval_rows] == [50, 100]
   for key in ('loss', 'nll', 'perplexity', 'accuracy', 'learning_rate', 'grad_norm',
               'target_tokens_per_sec', 'step_secs', 'model_flops_per_sec', 'eta_secs'):
     assert all(np.isfinite(r[key]) for r in train_rows), key
   config = tiny.get_config()
-  assert train_rows[1]['learning_rate'] == pytest.approx(
-      config.model.d_model**-0.5 * min(20**-0.5, 20 * config.warmup_steps**-1.5), rel=1e-6)
-  assert train_rows[-1]['loss'] < train_rows[0]['loss'] - 0.3
-  assert eval_rows[-1]['loss'] < eval_rows[0]['loss']
-  assert Checkpoints(full_run).all_steps() == [20, 40]
+  for row in train_rows:
+    step, peak = row['step'], config.lr_scale * config.model.d_model**-0.5
+    assert row['learning_rate'] == pytest.approx(
+        peak * min(step**-0.5, step * config.warmup_steps**-1.5), rel=1e-6)
+  assert train_rows[-1]['loss'] < train_rows[0]['loss'] - 0.5
+  assert eval_rows[-1]['loss'] < eval_rows[0]['loss'] - 0.3
+  assert Checkpoints(full_run).all_steps() == [50, 100]
   assert os.listdir(os.path.join(full_run, 'tensorboard'))
 
 
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
-  run_train(workdir, '--config.num_train_steps=20')
+  run_train(workdir, '--config.num_train_steps=50')
   result = run_train(workdir)
-  assert 'resumed from step 20' in result.stderr
-  resumed, meta = restore(workdir, 40)
-  uninterrupted, meta_full = restore(full_run, 40)
+  assert 'resumed from step 50' in result.stderr
+  resumed, meta = restore(workdir, 100)
+  uninterrupted, meta_full = restore(full_run, 100)
   assert meta == meta_full
   assert max_difference(resumed, uninterrupted) == 0.0
   rows = read_metrics(workdir)
-  assert [r['step'] for r in rows if 'split' not in r] == [10, 20, 30, 40]
+  assert [r['step'] for r in rows if 'split' not in r] == [20, 40, 60, 80, 100]
 
 
 def test_sigterm_saves_the_current_step_and_exits_cleanly(tmp_path):
@@ -115,22 +117,22 @@ def test_sigterm_saves_the_current_step_and_exits_cleanly(tmp_path):
   assert process.returncode == 0, stderr[-3000:]
   line = next(l for l in stderr.splitlines() if 'SIGTERM: saved a checkpoint at step' in l)
   step = int(line.split('at step ')[1].split(';')[0])
-  assert step >= 10 and Checkpoints(workdir).all_steps() == [step]
+  assert step >= 20 and Checkpoints(workdir).all_steps() == [step]
   assert restore(workdir, step)[1]['step'] == step
 
 
 def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tmp_path):
   workdir = os.path.join(str(tmp_path), 'run')
   shutil.copytree(full_run, workdir)
-  shutil.rmtree(os.path.join(workdir, 'checkpoints', '40'))
-  good, _ = restore(workdir, 20)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '100'))
+  good, _ = restore(workdir, 50)
   result = run_train(workdir, '--config.lr_scale=1e30', expect_ok=False)
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   message = result.stderr.strip().splitlines()[-1]
-  assert message.startswith('train.py: the loss is nan at step 2')
-  assert 'latest checkpoint (step 20)' in message
-  assert Checkpoints(workdir).all_steps() == [20]
-  assert max_difference(restore(workdir, 20)[0], good) == 0.0
+  assert message.startswith('train.py: the loss is nan at step 5')
+  assert 'latest checkpoint (step 50)' in message
+  assert Checkpoints(workdir).all_steps() == [50]
+  assert max_difference(restore(workdir, 50)[0], good) == 0.0
 
 
 def test_resuming_with_another_model_is_refused(full_run):

@@ -15,7 +15,7 @@ from transformer.model import TransformerConfig
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 MULTI30K_LANGUAGES = ('en', 'de', 'fr')
 # Datasets without a TFDS name; anything of the form 'name/config' is looked up in TFDS.
-LOCAL_DATASETS = ('multi30k', 'synthetic')
+LOCAL_DATASETS = ('multi30k', 'synthetic', 'text')
 SCHEDULES = ('paper', 'warmup_rsqrt')
 # Set by the code for each use of the model (training, evaluation, decoding), never by a config.
 RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode'}
@@ -109,6 +109,18 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_choice(config, 'vocab_model_type', ('bpe', 'unigram'))
   max_length = _check_int(config, 'max_length', 1)
   _check_int(config, 'tokens_per_batch', max_length)
+  _check_choice(config, 'packing', (True, False))
+  _check_int(config, 'vocab_sample_size', 1)
+  for key in ('tfds_data_dir', 'train_files', 'validation_files', 'test_files'):
+    value = _get(config, key)
+    if not isinstance(value, str):
+      _fail(key, value, 'must be a path or empty')
+    if key.endswith('_files') and value and '{lang}' not in value:
+      _fail(key, value, "must contain '{lang}', replaced by source_lang and target_lang, e.g. "
+            "'data/train.{lang}.gz'")
+  if dataset == 'text' and not config.train_files:
+    _fail('train_files', '', "dataset='text' reads its training pairs from these files; pass e.g. "
+          "--config.train_files='data/train.{lang}.gz'")
 
   # Optimisation.
   _check_choice(config, 'schedule', SCHEDULES)

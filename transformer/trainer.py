@@ -26,6 +26,10 @@ from transformer.checkpoints import Checkpoints, local_copy
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
 RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang')
+# Keys that set the order of the training batches: a resumed run may change them (say, after a
+# move to fewer devices) but then no longer sees the batches an uninterrupted run would.
+DATA_ORDER_KEYS = ('seed', 'packing', 'tokens_per_batch', 'grad_accum_steps', 'max_length',
+                   'manual_dir', 'train_files', 'vocab_sample_size')
 
 
 class TrainingError(RuntimeError):
@@ -59,6 +63,11 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
         raise config_lib.ConfigError(
             f'config.{key}={new!r} conflicts with {old!r} in {path}; resume with the stored '
             'value or start a new --workdir')
+    for key in DATA_ORDER_KEYS:
+      if stored.get(key) != current[key]:
+        logging.warning('config.%s=%r differs from %r in %s: the resumed run sees other batches '
+                        'than an uninterrupted one would', key, current[key], stored.get(key),
+                        path)
   if jax.process_index() == 0:
     write_json_atomically(path, current)
 

@@ -1,0 +1,406 @@
+"""The input pipeline: sources, vocabulary, length-grouped and packed batches, resume, sharding."""
+
+import collections
+import gzip
+import os
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import default, multi30k, tiny
+from transformer import config as config_lib
+from transformer import data
+from transformer.data import batching, synthetic, vocabulary
+
+
+def text_config(tmp_path, **overrides):
+  """dataset='text' over distinct generated sentences of 1-40 words (some pairs too long)."""
+  rng = np.random.default_rng(0)
+  words = [''.join(rng.choice(list('abcdefghij'), rng.integers(1, 5))) for _ in range(50)]
+  for split, size in (('train', 600), ('validation', 90)):
+    sentences = {}  # a dict keeps the order
+    while len(sentences) < size:
+      sentences[' '.join(rng.choice(words, rng.integers(1, 41)))] = None
+    for lang, lines in (('en', sentences), ('de', [s.upper() for s in sentences])):
+      (tmp_path / f'{split}.{lang}').write_text(''.join(f'{line}\n' for line in lines))
+  config = default.get_config()
+  config.update(dataset='text', train_files=str(tmp_path / 'train.{lang}'),
+                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=96,
+                max_length=32, tokens_per_batch=512, **overrides)
+  return config_lib.validate(config)
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  """A text config, its vocabulary and its encoded training split."""
+  tmp_path = tmp_path_factory.mktemp('text')
+  config = text_config(tmp_path)
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path / 'workdir'))
+  return config, vocab, batching.encode_split(config, vocab, 'train')
+
+
+def pairs_in(batch) -> list:
+  """The (source, target) token tuples of every pair in a batch, row by row."""
+  pairs = []
+  sources = batch['sources'].reshape(-1, batch['sources'].shape[-1])
+  targets = batch['targets'].reshape(-1, batch['targets'].shape[-1])
+  source_segments = batch.get('source_segment_ids', batch['sources'] > 0).reshape(sources.shape)
+  target_segments = batch.get('target_segment_ids', batch['targets'] > 0).reshape(targets.shape)
+  for row in range(len(sources)):
+    for segment in range(1, int(source_segments[row].max(initial=0)) + 1):
+      pairs.append((tuple(sources[row][source_segments[row] == segment]),
+                    tuple(targets[row][target_segments[row] == segment])))
+  return pairs
+
+
+def all_pairs(encoded) -> collections.Counter:
+  return collections.Counter((tuple(encoded.sources[k]), tuple(encoded.targets[k]))
+                             for k in range(len(encoded)))
+
+
+def take(iterator, n) -> list:
+  return [next(iterator) for _ in range(n)]
+
+
+def assert_batches_equal(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key])
+
+
+# Vocabulary.
+
+def test_special_ids_and_round_trip(corpus):
+  config, vocab, _ = corpus
+  assert (data.PAD_ID, data.EOS_ID, data.UNK_ID) == (0, 1, 2)
+  assert vocab.vocab_size == config.vocab_size
+  text = 'abc dje ifgh'
+  ids = vocab.encode(text)
+  assert ids and min(ids) > data.UNK_ID  # no pad, EOS or unk in known text
+  assert vocab.decode(ids) == text
+  assert vocab.decode([0] + ids + [data.EOS_ID] + vocab.encode('zzz')) == text
+  assert data.UNK_ID in vocab.encode('xyz')  # letters never seen in training
+
+
+def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, monkeypatch):
+  config = tiny.get_config()
+  workdir = str(tmp_path)
+  first = data.load_or_train_vocabulary(config, workdir)
+  assert os.listdir(tmp_path / 'vocab') == ['sentencepiece.model']  # no temp file left
+
+  def fail(config):
+    raise AssertionError('trained again')
+
+  monkeypatch.setattr(vocabulary, 'train_model', fail)
+  for process_index in (0, 1):  # other hosts load what process 0 wrote
+    again = data.load_or_train_vocabulary(config, workdir, process_index=process_index)
+    sentence = synthetic.pairs('validation')[0][0]
+    assert again.encode(sentence) == first.encode(sentence)
+
+  config.vocab_size = 128
+  with pytest.raises(data.DataError, match='has 64 pieces but config.vocab_size=128'):
+    data.load_or_train_vocabulary(config, workdir)
+
+
+def test_other_hosts_wait_for_process_0_then_give_up_naming_the_file(tmp_path, monkeypatch):
+  monkeypatch.setattr(vocabulary, 'WAIT_SECS', 0.5)
+  start = time.time()
+  with pytest.raises(data.DataError, match='sentencepiece.model: process 0 did not write'):
+    data.load_or_train_vocabulary(tiny.get_config(), str(tmp_path), process_index=1)
+  assert time.time() - start >= 0.5 and not os.path.exists(tmp_path / 'vocab')
+
+
+# Training batches.
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_every_pair_once_per_epoch_within_the_token_budget(corpus, packing):
+  config, vocab, encoded = corpus
+  config = config.copy_and_resolve_references()
+  config.packing = packing
+  batches = data.train_batches(config, vocab, num_devices=2)
+  budget = config.tokens_per_batch // 2
+  buckets = batching.bucket_lengths(config.max_length)
+  assert buckets == [8, 16, 24, 32]
+  epochs, shapes = [], set()
+  for _ in range(2):
+    epoch = take(batches, batches.batches_per_epoch)
+    for batch in epoch:
+      devices, rows, length = batch['sources'].shape
+      assert devices == 2 and rows * length <= budget and length in buckets
+      assert all(a.shape == batch['sources'].shape and a.dtype == np.int32 for a in batch.values())
+      shapes.add(batch['sources'].shape)
+    epochs.append([pair for batch in epoch for pair in pairs_in(batch)])
+    assert collections.Counter(epochs[-1]) == all_pairs(encoded)
+  assert epochs[0] != epochs[1]  # reshuffled
+  assert len(shapes) == (1 if packing else len(buckets))
+  tokens = sum(len(s) + len(t) for s, t in epochs[0])
+  slots = 2 * batches.batches_per_epoch * budget
+  assert tokens / slots > (0.85 if packing else 0.6)
+
+
+def test_too_long_and_empty_pairs_are_dropped_and_counted(tmp_path, corpus):
+  config, vocab, encoded = corpus
+  sources, targets = data.split_texts(config, 'train')
+  longest = [max(len(vocab.encode(s)), len(vocab.encode(t))) + 1 for s, t in zip(sources,
+                                                                                    targets)]
+  too_long = sum(n > config.max_length for n in longest)
+  assert 0 < too_long < len(sources) and encoded.dropped_too_long == too_long
+  assert len(encoded) == len(sources) - too_long and encoded.dropped_empty == 0
+  assert max(encoded.longest) <= config.max_length
+
+  (tmp_path / 'train.en').write_text('a b\n\nc\n \n')
+  (tmp_path / 'train.de').write_text('A B\n\nC\n\n')
+  config = config.copy_and_resolve_references()
+  config.train_files = str(tmp_path / 'train.{lang}')
+  with_empty = batching.encode_split(config, vocab, 'train')
+  assert (len(with_empty), with_empty.dropped_empty) == (2, 2)
+
+
+def test_packed_rows_keep_pairs_separate(corpus):
+  config, vocab, _ = corpus
+  config = config.copy_and_resolve_references()
+  config.packing = True
+  batches = data.train_batches(config, vocab, num_devices=2)
+  segments_per_row = []
+  for batch in take(batches, batches.batches_per_epoch):
+    for side in ('source', 'target'):
+      tokens = batch[f'{side}s'].reshape(-1, config.max_length)
+      segments = batch[f'{side}_segment_ids'].reshape(tokens.shape)
+      positions = batch[f'{side}_positions'].reshape(tokens.shape)
+      np.testing.assert_array_equal(tokens > 0, segments > 0)
+      np.testing.assert_array_equal(positions[segments == 0], 0)
+      for row in range(len(tokens)):
+        count = segments[row].max()
+        # Segments 1..count, contiguous, from the row start, each ending in its only EOS.
+        np.testing.assert_array_equal(np.unique(segments[row][segments[row] > 0]),
+                                      np.arange(1, count + 1))
+        assert np.all(np.diff(segments[row][segments[row] > 0]) >= 0)
+        for segment in range(1, count + 1):
+          where = segments[row] == segment
+          np.testing.assert_array_equal(positions[row][where], np.arange(where.sum()))
+          assert list(tokens[row][where]).index(data.EOS_ID) == where.sum() - 1
+        if side == 'source':
+          segments_per_row.append(count)
+          assert count == batch['target_segment_ids'].reshape(tokens.shape)[row].max()
+  assert np.mean(segments_per_row) > 1.5  # rows really hold several pairs
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_a_restored_position_continues_exactly(corpus, packing):
+  config, vocab, _ = corpus
+  config = config.copy_and_resolve_references()
+  config.packing = packing
+  batches = data.train_batches(config, vocab, num_devices=2)
+  per_epoch = batches.batches_per_epoch
+  expected = take(batches, per_epoch + 6)
+  for k in (0, 5, per_epoch - 1, per_epoch + 2):
+    resumed = data.train_batches(config, vocab, num_devices=2, start_position=k)
+    assert resumed.position == k
+    assert_batches_equal(take(resumed, 4)[:len(expected) - k], expected[k:k + 4])
+    assert resumed.position == k + 4
+  assert batches.position == per_epoch + 6
+  start = time.time()
+  far = data.train_batches(config, vocab, num_devices=2, start_position=10**12)
+  next(far)
+  assert far.position == 10**12 + 1 and time.time() - start < 5  # no replay
+
+
+def test_the_seed_decides_the_order(corpus):
+  config, vocab, _ = corpus
+  same = [take(data.train_batches(config, vocab), 3) for _ in range(2)]
+  assert_batches_equal(*same)
+  other = config.copy_and_resolve_references()
+  other.seed = 1
+  assert pairs_in(take(data.train_batches(other, vocab), 1)[0]) != pairs_in(same[0][0])
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_hosts_get_disjoint_shards_of_the_same_global_batches(corpus, packing):
+  config, vocab, encoded = corpus
+  config = config.copy_and_resolve_references()
+  config.packing = packing
+  single = data.train_batches(config, vocab, num_devices=2)
+  hosts = [data.train_batches(config, vocab, process_index=i, process_count=2, num_devices=1)
+           for i in range(2)]
+  assert {h.batches_per_epoch for h in hosts} == {single.batches_per_epoch}
+  shards = [[], []]
+  for _ in range(single.batches_per_epoch):
+    parts = [next(h) for h in hosts]
+    assert_batches_equal([next(single)], [{key: np.concatenate([p[key] for p in parts])
+                                           for key in parts[0]}])
+    for shard, part in zip(shards, parts):
+      shard += pairs_in(part)
+  assert collections.Counter(shards[0]) + collections.Counter(shards[1]) == all_pairs(encoded)
+  assert not set(shards[0]) & set(shards[1]) and min(map(len, shards)) > 0.4 * len(encoded)
+
+
+def test_too_small_a_budget_per_device_is_an_error(corpus):
+  config, vocab, _ = corpus
+  config = config.copy_and_resolve_references()
+  config.grad_accum_steps = 4
+  with pytest.raises(data.DataError, match=r'config.tokens_per_batch=512 leaves 16 tokens per '
+                     r'device micro-batch .* = 32\), fewer than config.max_length=32'):
+    data.train_batches(config, vocab, num_devices=8)
+
+
+# Evaluation batches and raw text.
+
+@pytest.mark.parametrize('process_count', [1, 2])
+def test_eval_batches_keep_the_input_order_and_pad_the_last_batch(corpus, process_count):
+  config, vocab, _ = corpus
+  encoded = batching.encode_split(config, vocab, 'validation')
+  hosts = [list(data.eval_batches(config, vocab, 'validation', process_index=i,
+                                  process_count=process_count, num_devices=2))
+           for i in range(process_count)]
+  assert len({len(h) for h in hosts}) == 1
+  in_order, shapes = [], set()
+  for parts in zip(*hosts):
+    assert len({p['sources'].shape for p in parts}) == 1
+    devices, rows, length = parts[0]['sources'].shape
+    assert devices == 2 and rows * length <= config.tokens_per_batch // (2 * process_count)
+    shapes.add(parts[0]['sources'].shape)
+    in_order += [pair for p in parts for pair in pairs_in(p)]
+  assert in_order == [(tuple(encoded.sources[k]), tuple(encoded.targets[k]))
+                      for k in range(len(encoded))]
+  assert len(shapes) <= len(batching.bucket_lengths(config.max_length))
+  last = hosts[-1][-1]['sources'].reshape(-1, length)
+  assert not last[-1].any()  # padded with all-zero rows
+
+
+def test_split_texts_are_the_raw_pairs_in_order(corpus):
+  config, _, _ = corpus
+  sources, references = data.split_texts(config, 'validation')
+  assert len(sources) == 90 and references == [s.upper() for s in sources]
+  assert sources[0] == open(config.validation_files.replace('{lang}', 'en')).readline().rstrip()
+
+
+# The configs' datasets.
+
+def test_tiny_config_on_synthetic_data(tmp_path):
+  config = config_lib.validate(tiny.get_config())
+  start = time.time()
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+  batches = data.train_batches(config, vocab, num_devices=4)
+  batch = next(batches)
+  assert time.time() - start < 5
+  assert batch['sources'].shape in {(4, 8, 8), (4, 4, 16)}  # 64 tokens per device and side
+  sources, targets = data.split_texts(config, 'train')
+  assert (len(sources), len(data.split_texts(config, 'validation')[0])) == (2000, 200)
+  words, translations = synthetic._lexicon()  # pylint: disable=protected-access
+  mapping = dict(zip(words, translations))
+  assert targets[0].split() == [mapping[w] for w in reversed(sources[0].split())]
+  encoded = batching.encode_split(config, vocab, 'train')
+  assert len(encoded) + encoded.dropped_too_long == 2000 and encoded.dropped_too_long < 20
+
+
+def test_tfds_translation_dataset_end_to_end_with_mock_data(tmp_path):
+  config = default.get_config()
+  config.update(vocab_size=40, max_length=32, tokens_per_batch=256, vocab_sample_size=200)
+  config_lib.validate(config)
+  with tfds.testing.mock_data(num_examples=120):
+    sources, references = data.split_texts(config, 'validation')
+    mocked = tfds.data_source('wmt14_translate/de-en', split='validation')
+    assert sources == [mocked[i]['en'] for i in range(120)]
+    assert references == [mocked[i]['de'] for i in range(120)]
+    vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+    batches = data.train_batches(config, vocab, num_devices=2)
+    batch = next(batches)
+    devices, rows, length = batch['sources'].shape
+    assert devices == 2 and rows * length <= 128 and length <= 32
+    assert set(batch) == {'sources', 'targets'}
+    encoded = batching.encode_split(config, vocab, 'validation')
+    evaluated = [p for b in data.eval_batches(config, vocab, 'validation', num_devices=2)
+                 for p in pairs_in(b)]
+    assert len(evaluated) == len(encoded) > 0
+    config.source_lang = 'fr'
+    with pytest.raises(data.DataError, match="has no language 'fr'"):
+      data.split_texts(config, 'test')
+
+
+def test_multi30k_from_a_local_directory(multi30k_dir, tmp_path):
+  config = multi30k.get_config()
+  config.update(manual_dir=multi30k_dir, tfds_data_dir=str(tmp_path))
+  config_lib.validate(config)
+  sizes = {split: len(data.split_texts(config, split)[0])
+           for split in ('train', 'validation', 'test')}
+  assert sizes == {'train': 29000, 'validation': 1014, 'test': 1000}
+  sources, references = data.split_texts(config, 'test')
+  with gzip.open(os.path.join(multi30k_dir, 'test_2016_flickr.de.gz'), 'rt') as f:
+    assert references[:3] == [f.readline().rstrip('\n') for _ in range(3)]
+  config.target_lang = 'fr'
+  _, french = data.split_texts(config, 'validation')
+  with gzip.open(os.path.join(multi30k_dir, 'val.fr.gz'), 'rt') as f:
+    assert len(french) == 1014 and french[-1] == f.read().rstrip('\n').split('\n')[-1]
+
+
+# Bad input: one DataError naming the file (and line) and the fix.
+
+def write_pair(directory, name, source: bytes, target: bytes, compress=False):
+  for lang, content in (('en', source), ('de', target)):
+    path = os.path.join(directory, f'{name}.{lang}' + ('.gz' if compress else ''))
+    with (gzip.open if compress else open)(path, 'wb') as f:
+      f.write(content)
+  return os.path.join(directory, f'{name}.{{lang}}' + ('.gz' if compress else ''))
+
+
+def text_files_config(pattern):
+  config = default.get_config()
+  config.update(dataset='text', train_files=pattern)
+  return config_lib.validate(config)
+
+
+@pytest.mark.parametrize('source, target, message', [
+    (b'a\nb\nc\n', b'A\nB\n', r'train.en.gz has 3 lines but .*train.de.gz has 2'),
+    (b'a\nb\n\xff\xfe\n', b'A\nB\nC\n', r'train.en.gz:3: invalid UTF-8'),
+    (b'a\nb\nc\n', b'A\n\nC\n', r'train.de.gz:2: empty line, but line 2 of .*train.en.gz is not'),
+])
+def test_bad_text_files(tmp_path, source, target, message):
+  config = text_files_config(write_pair(tmp_path, 'train', source, target, compress=True))
+  with pytest.raises(data.DataError, match=message):
+    data.split_texts(config, 'train')
+
+
+def test_missing_files_and_directories_and_unknown_datasets(tmp_path):
+  config = text_files_config(write_pair(tmp_path, 'train', b'a\n', b'A\n'))
+  os.remove(tmp_path / 'train.de')
+  with pytest.raises(data.DataError, match=r'train.de: no such file'):
+    data.split_texts(config, 'train')
+  with pytest.raises(data.DataError, match=r'config.validation_files is empty'):
+    data.split_texts(config, 'validation')
+
+  config = multi30k.get_config()
+  config.update(manual_dir=str(tmp_path / 'absent'), tfds_data_dir=str(tmp_path / 'tfds'))
+  with pytest.raises(data.DataError, match=r"config.manual_dir='.*absent': no such directory"):
+    data.split_texts(config, 'test')
+
+  config = default.get_config()
+  config.update(dataset='no_such_dataset/de-en', tfds_data_dir=str(tmp_path / 'tfds'))
+  with pytest.raises(data.DataError, match=r"config.dataset='no_such_dataset/de-en': no such"):
+    data.split_texts(config, 'train')
+
+
+def test_bad_multi30k_directory_names_the_file(tmp_path):
+  for name in ('train', 'val', 'test_2016_flickr'):
+    for lang in ('en', 'de', 'fr'):
+      with gzip.open(tmp_path / f'{name}.{lang}.gz', 'wt') as f:
+        f.write('a\nb\n' if (name, lang) != ('val', 'fr') else 'a\n')
+  config = multi30k.get_config()
+  config.update(manual_dir=str(tmp_path), tfds_data_dir=str(tmp_path / 'tfds'))
+  with pytest.raises(data.DataError, match=r'val.en.gz has 2 lines but .*val.fr.gz has 1'):
+    data.split_texts(config, 'train')
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('vocab_sample_size', 0, 'must be an integer >= 1'),
+    ('train_files', 'data/train.gz', "must contain '{lang}'"),
+    ('dataset', 'text', "dataset='text' reads its training pairs from these files"),
+])
+def test_config_checks_the_data_keys(key, value, message):
+  config = default.get_config()
+  config[key] = value
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config)

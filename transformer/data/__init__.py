@@ -1,0 +1,23 @@
+"""The input pipeline: text sources, the SentencePiece vocabulary and token batches.
+
+Token ids: PAD_ID=0 (padding; also the decoder's start symbol), EOS_ID=1 (appended to every
+sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arrays
+[num_devices, rows, length] named like the arguments of `Transformer.__call__`:
+'sources', 'targets' and, with config.packing, 'source_segment_ids', 'source_positions',
+'target_segment_ids', 'target_positions'.
+
+  vocab = load_or_train_vocabulary(config, workdir)
+  batches = train_batches(config, vocab, process_index, process_count, num_devices, start_position)
+  next(batches); batches.position  # batches yielded so far: restart from it with start_position
+  for batch in eval_batches(config, vocab, 'validation', ...): ...
+  sources, references = split_texts(config, 'test')
+"""
+
+from transformer.data.batching import eval_batches, train_batches
+from transformer.data.errors import DataError
+from transformer.data.sources import split_texts
+from transformer.data.vocabulary import (EOS_ID, PAD_ID, UNK_ID, Vocabulary,
+                                         load_or_train_vocabulary)
+
+__all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'eval_batches',
+           'load_or_train_vocabulary', 'split_texts', 'train_batches']

@@ -1,0 +1,42 @@
+"""Reads parallel text files: one sentence per line, UTF-8, optionally gzipped, lines aligned."""
+
+import gzip
+import os
+
+from transformer.data.errors import DataError
+
+_GZIP_MAGIC = b'\x1f\x8b'
+
+
+def _read_lines(path: str) -> list[str]:
+  if not os.path.isfile(path):
+    raise DataError(f'{path}: no such file; check the path (one sentence per line, optional .gz)')
+  with open(path, 'rb') as f:
+    gzipped = f.read(2) == _GZIP_MAGIC  # by content: downloaded copies lose the .gz suffix
+  with (gzip.open if gzipped else open)(path, 'rb') as f:
+    raw = f.read().split(b'\n')
+  if raw and not raw[-1]:
+    raw.pop()  # the final newline ends the last line
+  lines = []
+  for number, line in enumerate(raw, 1):
+    try:
+      lines.append(line.decode('utf-8').rstrip('\r'))
+    except UnicodeDecodeError as error:
+      raise DataError(f'{path}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}); '
+                      're-encode the file as UTF-8') from None
+  return lines
+
+
+def read_parallel(source_path: str, target_path: str) -> tuple[list[str], list[str]]:
+  """Aligned lines of two files. Both sides empty: kept (dropped later); one side empty: error."""
+  sources, targets = _read_lines(source_path), _read_lines(target_path)
+  if len(sources) != len(targets):
+    raise DataError(f'{source_path} has {len(sources)} lines but {target_path} has '
+                    f'{len(targets)}: the files must be line-aligned translations')
+  for number, (source, target) in enumerate(zip(sources, targets), 1):
+    if bool(source.strip()) != bool(target.strip()):
+      empty, other = (source_path, target_path) if not source.strip() else (target_path,
+                                                                            source_path)
+      raise DataError(f'{empty}:{number}: empty line, but line {number} of {other} is not; the '
+                      'files are probably misaligned: fix or delete the pair')
+  return sources, targets

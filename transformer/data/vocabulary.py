@@ -1,0 +1,98 @@
+"""The joint source-target SentencePiece vocabulary, trained once per workdir and then reused.
+
+Fixed ids: PAD_ID=0 (padding, and the decoder's start symbol), EOS_ID=1 (ends every sentence),
+UNK_ID=2; there is no beginning-of-sentence id.
+"""
+
+import io
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+from absl import logging
+
+from transformer.data import sources
+from transformer.data.errors import DataError
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+MODEL_FILE = os.path.join('vocab', 'sentencepiece.model')
+WAIT_SECS = 4 * 3600  # other hosts wait this long for process 0 to train the vocabulary
+
+
+class Vocabulary:
+  """Text <-> token ids; `encode` adds no EOS, `decode` stops at the first EOS and skips padding."""
+
+  def __init__(self, model_proto: bytes):
+    self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._processor.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self._processor.encode(text)
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return self._processor.encode(texts, num_threads=os.cpu_count())
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in ids]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self._processor.decode([i for i in ids if i != PAD_ID])
+
+
+def train_model(config: ml_collections.ConfigDict) -> bytes:
+  """A SentencePiece model proto trained on both sides of up to vocab_sample_size training pairs."""
+  corpus = sources.load_split(config, 'train')
+  size = min(len(corpus), config.vocab_sample_size)
+  indices = np.sort(np.random.default_rng(config.seed).choice(len(corpus), size, replace=False))
+  source_texts, target_texts = corpus.texts(indices.tolist())
+  sentences = [s for pair in zip(source_texts, target_texts) for s in pair if s.strip()]
+  logging.info('training a %d-piece %s vocabulary on %d sentences of %s', config.vocab_size,
+               config.vocab_model_type, len(sentences), corpus.name)
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=config.vocab_size,
+        model_type=config.vocab_model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        bos_id=-1, num_threads=os.cpu_count(), minloglevel=2)
+  except RuntimeError as error:
+    raise DataError(f'config.vocab_size={config.vocab_size}: SentencePiece cannot build it from '
+                    f'{corpus.name} ({error}); lower config.vocab_size') from None
+  return model.getvalue()
+
+
+def _write_atomically(path: str, content: bytes):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(content)
+  os.replace(tmp, path)
+
+
+def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
+                             process_index: int | None = None) -> Vocabulary:
+  """The vocabulary in `<workdir>/vocab/`; process 0 trains it there first, other hosts wait."""
+  path = os.path.join(workdir, MODEL_FILE)
+  if process_index is None:
+    process_index = jax.process_index()
+  if not os.path.exists(path):
+    if process_index == 0:
+      _write_atomically(path, train_model(config))
+    else:
+      deadline = time.time() + WAIT_SECS
+      while not os.path.exists(path):
+        if time.time() > deadline:
+          raise DataError(f'{path}: process 0 did not write the vocabulary within {WAIT_SECS} s; '
+                          'check its log, and that --workdir is on a filesystem all hosts share')
+        time.sleep(1)
+  with open(path, 'rb') as f:
+    vocab = Vocabulary(f.read())
+  if vocab.vocab_size != config.vocab_size:
+    raise DataError(f'{path} has {vocab.vocab_size} pieces but config.vocab_size='
+                    f'{config.vocab_size}; use {vocab.vocab_size} or a new --workdir')
+  return vocab
