@@ -154,7 +154,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
                  values['loss'], values['nll'], values['perplexity'], 100 * values['accuracy'])
     writer.write(step, values, split=split)
 
-  def log_train_metrics(step: int, pending: list, elapsed: float):
+  def fetch_finite(step: int, pending: list) -> list[dict]:
+    """The pending steps' metrics on the host; stops at the first non-finite loss."""
     step_metrics = [jax.tree_util.tree_map(lambda x: float(x[0]), m)
                     for m in jax.device_get(pending)]
     for offset, m in enumerate(step_metrics):
@@ -164,6 +165,10 @@ def train(config: ml_collections.ConfigDict, workdir: str):
             f'the loss is {m["loss"]} at step {bad_step}: training stopped; the latest '
             f'checkpoint (step {checkpoints.latest_step()}) holds the last good parameters. '
             'Lower the learning rate (config.lr_scale) or enable config.grad_clip_norm.')
+    return step_metrics
+
+  def log_train_metrics(step: int, pending: list, elapsed: float):
+    step_metrics = fetch_finite(step, pending)
     values = metrics.summarize(step_metrics)
     values.update(
         learning_rate=step_metrics[-1]['learning_rate'],
@@ -199,9 +204,11 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       preempted, secs_due = _agree(preemption.received, secs_due)
       save_now = (step == config.num_train_steps or preempted or secs_due or
                   every(step, config.checkpoint_every_steps))
-      if save_now or every(step, config.log_every_steps):  # checks the loss before any save
+      if every(step, config.log_every_steps) or step == config.num_train_steps:
         log_train_metrics(step, pending, time.time() - interval_start)
         pending, interval_start = [], time.time()
+      elif save_now:
+        fetch_finite(step, pending)  # nothing non-finite may reach a checkpoint
       if every(step, config.eval_every_steps):
         evaluate(step, 'validation')
         interval_start = time.time()  # step times leave evaluation out
