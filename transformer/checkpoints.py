@@ -10,6 +10,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from transformer import config as config_lib
+from transformer import train_step
+
 STATE, META = 'state', 'meta'
 
 
@@ -41,8 +44,7 @@ class Checkpoints:
 
   def restore(self, step: int, like):
     """(state tree shaped as `like`, meta dict) of checkpoint `step`, as numpy arrays."""
-    target = jax.tree_util.tree_map(
-        lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), like)
+    target = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), like)
     restored = self.manager.restore(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
     return restored[STATE], restored[META]
@@ -52,3 +54,58 @@ class Checkpoints:
 
   def close(self):
     self.manager.close()
+
+
+class CheckpointError(RuntimeError):
+  """No usable checkpoint; the message names the directory and what to do."""
+
+
+def average(trees: list):
+  """Element-wise mean of same-shaped trees (accumulated in float64)."""
+  total = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), trees[0])
+  for tree in trees[1:]:
+    total = jax.tree_util.tree_map(lambda t, x: t + x, total, tree)
+  return jax.tree_util.tree_map(lambda t, x: (t / len(trees)).astype(x.dtype), total, trees[0])
+
+
+def state_shapes(config):
+  """Shapes of {'params', 'opt_state'} for a config, computed without allocating them."""
+  state = jax.eval_shape(lambda: train_step.initial_state(config, config_lib.model_config(config)))
+  return {'params': state.params, 'opt_state': state.opt_state}
+
+
+def load_params(workdir: str, config, average_last: int | None = None):
+  """(parameters, steps): the latest checkpoint's, or the mean of the last `average_last`."""
+  checkpoints = Checkpoints(workdir)
+  steps = checkpoints.all_steps()
+  wanted = 1 if average_last is None else average_last
+  if not steps:
+    raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
+  if not 1 <= wanted <= len(steps):
+    raise CheckpointError(f'average_last={wanted}, but {checkpoints.directory} holds '
+                          f'{len(steps)} checkpoints (steps {steps}); ask for 1 to {len(steps)}')
+  like = state_shapes(config)
+  chosen = steps[-wanted:]
+  params = average([checkpoints.restore(step, like)[0]['params'] for step in chosen])
+  checkpoints.close()
+  return params, chosen
+
+
+def write_average(workdir: str, output_workdir: str, config, last: int) -> list[int]:
+  """Writes the mean parameters of the last `last` checkpoints as a checkpoint of its own.
+
+  It takes the newest checkpoint's step, optimizer state and data position, so the output can be
+  evaluated like any run, or trained on. Returns the steps averaged.
+  """
+  params, steps = load_params(workdir, config, last)
+  source = Checkpoints(workdir)
+  newest, meta = source.restore(steps[-1], state_shapes(config))
+  source.close()
+  target = Checkpoints(output_workdir)
+  if target.all_steps():
+    raise CheckpointError(f'{target.directory} already holds checkpoints; choose a new directory')
+  target.save(steps[-1], {'params': params, 'opt_state': newest['opt_state']},
+              dict(meta, averaged_steps=steps))
+  target.wait()
+  target.close()
+  return steps

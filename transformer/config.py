@@ -5,7 +5,9 @@
 """
 
 import dataclasses
+import json
 import numbers
+import os
 
 import jax.numpy as jnp
 import ml_collections
@@ -162,3 +164,17 @@ def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
   model['dtype'] = DTYPES[model['dtype']]
   model['param_dtype'] = DTYPES[model['param_dtype']]
   return TransformerConfig(vocab_size=config.vocab_size, **model)
+
+
+def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
+  """The validated config.json that train.py wrote in `workdir`."""
+  path = os.path.join(workdir, 'config.json')
+  try:
+    with open(path) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+  except FileNotFoundError:
+    raise ConfigError(f'{path} not found: --workdir must be a directory train.py wrote') from None
+  except json.JSONDecodeError as error:
+    raise ConfigError(f'{path} is not valid JSON ({error}); restore it from the config '
+                      'file the run was started with') from None
+  return validate(config)

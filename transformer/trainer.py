@@ -20,8 +20,9 @@ from flax import jax_utils
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
-from transformer import data, metrics, train_step
+from transformer import bleu, data, metrics, train_step, translate
 from transformer.checkpoints import Checkpoints, local_copy
+from transformer.files import write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
@@ -34,14 +35,6 @@ DATA_ORDER_KEYS = ('seed', 'packing', 'tokens_per_batch', 'grad_accum_steps', 'm
 
 class TrainingError(RuntimeError):
   """Training cannot go on; the message says at which step and why."""
-
-
-def write_json_atomically(path: str, value):
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(value, f, indent=2, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)
 
 
 def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
@@ -69,7 +62,7 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
                         'than an uninterrupted one would', key, current[key], stored.get(key),
                         path)
   if jax.process_index() == 0:
-    write_json_atomically(path, current)
+    write_atomically(path, json.dumps(current, indent=2, sort_keys=True) + '\n')
 
 
 class _Preemption:
@@ -154,6 +147,25 @@ def train(config: ml_collections.ConfigDict, workdir: str):
                  values['loss'], values['nll'], values['perplexity'], 100 * values['accuracy'])
     writer.write(step, values, split=split)
 
+  translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
+
+  def score_bleu(step: int, split: str):
+    """Translates `split` with the current parameters; logs both BLEUs and a few examples."""
+    try:
+      sources, references = data.split_texts(config, split)
+    except data.DataError as error:
+      logging.warning('no BLEU on %s: %s', split, error)
+      return
+    hypotheses = translator.translate(state.params, sources)
+    values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, config.target_lang)[0],
+              'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang)}
+    logging.info('%s BLEU at step %d: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', split,
+                 step, values['sacrebleu'], values['bleu_paper'], len(sources))
+    for source, reference, hypothesis in list(zip(sources, references, hypotheses))[:3]:
+      logging.info('  source:      %s\n  reference:   %s\n  translation: %s', source, reference,
+                   hypothesis)
+    writer.write(step, values, split=split)
+
   def fetch_finite(step: int, pending: list) -> list[dict]:
     """The pending steps' metrics on the host; stops at the first non-finite loss."""
     step_metrics = [jax.tree_util.tree_map(lambda x: float(x[0]), m)
@@ -212,6 +224,9 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       if every(step, config.eval_every_steps):
         evaluate(step, 'validation')
         interval_start = time.time()  # step times leave evaluation out
+      if every(step, config.bleu_every_steps):
+        score_bleu(step, 'validation')
+        interval_start = time.time()
       if save_now:
         checkpoints.save(step, local_copy({'params': state.params,
                                            'opt_state': state.opt_state}),
@@ -220,6 +235,9 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       if preempted:
         logging.info('SIGTERM: saved a checkpoint at step %d; stopping', step)
         break
+    else:
+      if start_step < config.num_train_steps:
+        score_bleu(config.num_train_steps, 'test')
   finally:
     preemption.restore()
     checkpoints.wait()

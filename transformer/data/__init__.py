@@ -17,7 +17,7 @@ from transformer.data.batching import eval_batches, train_batches
 from transformer.data.errors import DataError
 from transformer.data.sources import split_texts
 from transformer.data.vocabulary import (EOS_ID, PAD_ID, UNK_ID, Vocabulary,
-                                         load_or_train_vocabulary)
+                                         load_or_train_vocabulary, load_vocabulary)
 
 __all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'eval_batches',
-           'load_or_train_vocabulary', 'split_texts', 'train_batches']
+           'load_or_train_vocabulary', 'load_vocabulary', 'split_texts', 'train_batches']

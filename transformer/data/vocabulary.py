@@ -16,6 +16,7 @@ from absl import logging
 
 from transformer.data import sources
 from transformer.data.errors import DataError
+from transformer.files import write_atomically
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 MODEL_FILE = os.path.join('vocab', 'sentencepiece.model')
@@ -66,14 +67,6 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
   return model.getvalue()
 
 
-def _write_atomically(path: str, content: bytes):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(content)
-  os.replace(tmp, path)
-
-
 def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
                              process_index: int | None = None) -> Vocabulary:
   """The vocabulary in `<workdir>/vocab/`; process 0 trains it there first, other hosts wait."""
@@ -82,7 +75,7 @@ def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
     process_index = jax.process_index()
   if not os.path.exists(path):
     if process_index == 0:
-      _write_atomically(path, train_model(config))
+      write_atomically(path, train_model(config))
     else:
       deadline = time.time() + WAIT_SECS
       while not os.path.exists(path):
@@ -90,8 +83,17 @@ def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
           raise DataError(f'{path}: process 0 did not write the vocabulary within {WAIT_SECS} s; '
                           'check its log, and that --workdir is on a filesystem all hosts share')
         time.sleep(1)
-  with open(path, 'rb') as f:
-    vocab = Vocabulary(f.read())
+  return load_vocabulary(config, workdir)
+
+
+def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabulary:
+  """The vocabulary train.py stored in `<workdir>/vocab/`."""
+  path = os.path.join(workdir, MODEL_FILE)
+  try:
+    with open(path, 'rb') as f:
+      vocab = Vocabulary(f.read())
+  except FileNotFoundError:
+    raise DataError(f'{path} not found: --workdir must be a directory train.py wrote') from None
   if vocab.vocab_size != config.vocab_size:
     raise DataError(f'{path} has {vocab.vocab_size} pieces but config.vocab_size='
                     f'{config.vocab_size}; use {vocab.vocab_size} or a new --workdir')

@@ -1,0 +1,43 @@
+r"""Averages the parameters of a run's last N checkpoints into a new workdir.
+
+  python average_checkpoints.py --workdir=DIR --last=5 --output_workdir=OUT
+  python eval.py --workdir=OUT --output_dir=OUT/eval
+
+OUT gets the run's config.json and vocabulary and one checkpoint, at the newest averaged step.
+(eval.py --average_last=N averages in memory without writing anything.)
+"""
+
+import os
+import shutil
+import sys
+
+from absl import app, flags
+
+from transformer import checkpoints
+from transformer import config as config_lib
+from transformer.data import vocabulary
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average.')
+_LAST = flags.DEFINE_integer('last', 5, 'How many of the newest checkpoints (paper: 5 base, 20 '
+                             'big).')
+_OUTPUT_WORKDIR = flags.DEFINE_string('output_workdir', None, 'New directory for the average.')
+flags.mark_flags_as_required(['workdir', 'output_workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    config = config_lib.load_workdir_config(_WORKDIR.value)
+    steps = checkpoints.write_average(_WORKDIR.value, _OUTPUT_WORKDIR.value, config, _LAST.value)
+  except (config_lib.ConfigError, checkpoints.CheckpointError) as error:
+    sys.exit(f'average_checkpoints.py: {error}')
+  shutil.copy(os.path.join(_WORKDIR.value, 'config.json'), _OUTPUT_WORKDIR.value)
+  shutil.copytree(os.path.join(_WORKDIR.value, os.path.dirname(vocabulary.MODEL_FILE)),
+                  os.path.join(_OUTPUT_WORKDIR.value, os.path.dirname(vocabulary.MODEL_FILE)),
+                  dirs_exist_ok=True)
+  print(f'averaged steps {steps} into {_OUTPUT_WORKDIR.value}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,135 @@
+"""eval.py, checkpoint averaging and the translate command on a trained configs/tiny.py run."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import sacrebleu
+
+from transformer import bleu, checkpoints, data
+from transformer import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, stdin=None):
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, input=stdin,
+                        capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  """configs/tiny.py trained 100 steps, keeping the checkpoints of steps 50, 75 and 100."""
+  path = str(tmp_path_factory.mktemp('run'))
+  result = run('train.py', '--config=configs/tiny.py', f'--workdir={path}',
+               '--config.checkpoint_every_steps=25', '--config.keep_checkpoints=3')
+  assert result.returncode == 0, result.stderr[-3000:]
+  return path
+
+
+def test_training_ends_with_bleu_on_the_test_split(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  test_rows = [r for r in rows if r.get('split') == 'test']
+  assert len(test_rows) == 1 and test_rows[0]['step'] == 100
+  assert 0 <= test_rows[0]['sacrebleu'] <= 100 and 0 <= test_rows[0]['bleu_paper'] <= 100
+
+
+def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
+  result = run('eval.py', f'--workdir={workdir}', f'--output_dir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / 'scores.json') as f:
+    scores = json.load(f)
+  with open(tmp_path / 'hypotheses.txt', encoding='utf-8') as f:
+    hypotheses = f.read().splitlines()
+  config = config_lib.load_workdir_config(workdir)
+  sources, references = data.split_texts(config, 'test')
+  assert len(hypotheses) == len(sources) == scores['num_sentences'] == 200
+  assert scores['checkpoint_steps'] == [100]
+  assert (scores['beam_size'], scores['alpha']) == (config.beam_size, config.alpha)
+  assert scores['sacrebleu'] == pytest.approx(
+      sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+  assert scores['sacrebleu_signature'] == bleu.sacrebleu_score(hypotheses, references, 'de')[1]
+  assert scores['bleu_paper'] == pytest.approx(bleu.paper_bleu(hypotheses, references, 'de'))
+  assert 'sacreBLEU' in result.stdout and '200 sentences' in result.stdout
+  # The training run's own test BLEU came from the same parameters and settings.
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    final = [json.loads(line) for line in f if '"test"' in line][0]
+  assert final['sacrebleu'] == pytest.approx(scores['sacrebleu'], abs=1e-6)
+
+
+def test_averaging_is_the_elementwise_mean(workdir):
+  config = config_lib.load_workdir_config(workdir)
+  averaged, steps = checkpoints.load_params(workdir, config, average_last=3)
+  assert steps == [50, 75, 100]
+  store, like = checkpoints.Checkpoints(workdir), checkpoints.state_shapes(config)
+  each = [store.restore(step, like)[0]['params'] for step in steps]
+  store.close()
+  for leaf, *leaves in zip(jax.tree_util.tree_leaves(averaged),
+                           *[jax.tree_util.tree_leaves(p) for p in each]):
+    np.testing.assert_allclose(leaf, np.mean(leaves, axis=0), rtol=1e-6, atol=1e-7)
+  assert max(float(np.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(each[0]),
+                                                          jax.tree_util.tree_leaves(each[2]))) > 0
+
+
+def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
+  out = str(tmp_path / 'averaged')
+  result = run('average_checkpoints.py', f'--workdir={workdir}', '--last=2',
+               f'--output_workdir={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  config = config_lib.load_workdir_config(out)
+  written, steps = checkpoints.load_params(out, config)
+  expected, _ = checkpoints.load_params(workdir, config, average_last=2)
+  assert steps == [100]
+  for a, b in zip(jax.tree_util.tree_leaves(written), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(a, b)
+  assert data.load_vocabulary(config, out).vocab_size == config.vocab_size
+
+
+def test_translate_command_reads_stdin(workdir, tmp_path):
+  config = config_lib.load_workdir_config(workdir)
+  sources, _ = data.split_texts(config, 'test')
+  result = run('-m', 'transformer.translate', f'--workdir={workdir}',
+               stdin=''.join(s + '\n' for s in sources[:5]))
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert len(lines) == 5 and all(lines)
+  # The same sentences as a file give the same translations.
+  (tmp_path / 'in.txt').write_text(''.join(s + '\n' for s in sources[:5]), encoding='utf-8')
+  result = run('-m', 'transformer.translate', f'--workdir={workdir}',
+               f'--input={tmp_path / "in.txt"}', f'--output={tmp_path / "out.txt"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / 'out.txt').read_text(encoding='utf-8').splitlines() == lines
+
+
+def error_line(result) -> str:
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
+def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
+  missing = str(tmp_path / 'nowhere')
+  assert error_line(run('eval.py', f'--workdir={missing}', f'--output_dir={tmp_path}')) == (
+      f'eval.py: {missing}/config.json not found: --workdir must be a directory train.py wrote')
+
+  untrained = tmp_path / 'untrained'
+  shutil.copytree(workdir, untrained, ignore=shutil.ignore_patterns('checkpoints'))
+  assert error_line(run('eval.py', f'--workdir={untrained}', f'--output_dir={tmp_path}')) == (
+      f'eval.py: {untrained}/checkpoints holds no checkpoint; train first')
+
+  assert 'average_last=4, but' in error_line(
+      run('eval.py', f'--workdir={workdir}', '--average_last=4', f'--output_dir={tmp_path}'))
+
+  source, reference = tmp_path / 'src.txt', tmp_path / 'ref.txt'
+  source.write_text('a b\nc d\n', encoding='utf-8')
+  reference.write_text('x y\n', encoding='utf-8')
+  assert error_line(run('eval.py', f'--workdir={workdir}', f'--source_file={source}',
+                        f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
+      f'eval.py: {source} has 2 lines but {reference} has 1: they must be aligned line by line')
+  assert not (tmp_path / 'scores.json').exists()

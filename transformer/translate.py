@@ -1,0 +1,107 @@
+r"""Translation of raw sentences with a trained run, and the command for it.
+
+  python -m transformer.translate --workdir=DIR [--input=FILE] [--output=FILE]
+      [--average_last=N] [--beam_size=B] [--alpha=A]
+
+reads one sentence per line from --input (default: stdin) and writes one translation per line.
+"""
+
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from flax import jax_utils
+
+from transformer import checkpoints, data, decode
+from transformer import config as config_lib
+
+LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
+
+
+class Translator:
+  """Beam search over all local devices, sentences grouped by length; outputs in input order."""
+
+  def __init__(self, config: ml_collections.ConfigDict, vocab: data.Vocabulary, beam_size: int,
+               alpha: float):
+    self.config, self.vocab, self.beam_size, self.alpha = config, vocab, beam_size, alpha
+    model_config = config_lib.model_config(config)
+    self.devices = jax.local_device_count()
+    # Per device, beam_size hypotheses of every sentence share the training token budget.
+    self.tokens_per_device = max(config.tokens_per_batch // (
+        config.grad_accum_steps * self.devices * beam_size), LENGTH_STEP)
+    self._search = jax.pmap(
+        lambda params, sources: decode.beam_search(
+            model_config, params, sources, beam_size=beam_size, alpha=alpha,
+            extra_length=config.decode_extra_length)[0])
+
+  def translate(self, params, sentences: list[str]) -> list[str]:
+    """Translations of `sentences` with `params` replicated over the local devices."""
+    encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
+    order = np.argsort([len(ids) for ids in encoded], kind='stable')
+    translations = [''] * len(sentences)
+    padded = lambda i: -(-len(encoded[i]) // LENGTH_STEP) * LENGTH_STEP
+    start = 0
+    while start < len(order):
+      # Rows per device: as many as the budget allows at the chunk's longest (= last) sentence.
+      rows = max(1, self.tokens_per_device // padded(order[start]))
+      while rows > 1 and rows * padded(order[min(start + rows * self.devices, len(order)) - 1]) > (
+          self.tokens_per_device):
+        rows //= 2
+      chunk = order[start:start + rows * self.devices]
+      length = padded(chunk[-1])
+      batch = np.zeros((self.devices * rows, length), np.int32)
+      for row, i in enumerate(chunk):
+        batch[row, :len(encoded[i])] = encoded[i]
+      outputs = np.asarray(self._search(params, batch.reshape(self.devices, rows, length)))
+      for row, i in enumerate(chunk):
+        translations[i] = self.vocab.decode(outputs.reshape(-1, outputs.shape[-1])[row])
+      start += len(chunk)
+    return translations
+
+
+def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
+  """(Translator, replicated parameters, config, checkpoint steps used) of a train.py workdir."""
+  config = config_lib.load_workdir_config(workdir)
+  vocab = data.load_vocabulary(config, workdir)
+  params, steps = checkpoints.load_params(workdir, config, average_last)
+  translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
+                          config.alpha if alpha is None else alpha)
+  return translator, jax_utils.replicate(params), config, steps
+
+
+def main(argv):
+  del argv
+  try:
+    translator, params, _, steps = load(FLAGS.workdir, FLAGS.average_last, FLAGS.beam_size,
+                                        FLAGS.alpha)
+    source = open(FLAGS.input, encoding='utf-8') if FLAGS.input else sys.stdin
+    with source:
+      sentences = [line.rstrip('\n') for line in source]
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, OSError,
+          UnicodeDecodeError) as error:
+    sys.exit(f'translate: {error}')
+  began = time.time()
+  translations = translator.translate(params, sentences)
+  logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences), time.time() - began,
+               steps)
+  text = ''.join(t + '\n' for t in translations)
+  if FLAGS.output:
+    with open(FLAGS.output, 'w', encoding='utf-8') as f:
+      f.write(text)
+  else:
+    sys.stdout.write(text)
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, checkpoints/).')
+  flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
+  flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
+  flags.DEFINE_integer('average_last', None, 'Average the last N checkpoints (default: latest).')
+  flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).')
+  flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
+  flags.mark_flag_as_required('workdir')
+  FLAGS = flags.FLAGS
+  app.run(main)
