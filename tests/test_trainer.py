@@ -173,6 +173,8 @@ def test_two_hosts_with_two_devices_each_equal_one_host_with_four(tmp_path):
   # Dropout is on: each device draws the same masks in both layouts. Differences are rounding.
   assert max_difference(single_params, multi_params) < 1e-5
   single_rows, multi_rows = read_metrics(single), read_metrics(multi)
-  assert [r['step'] for r in multi_rows] == [r['step'] for r in single_rows]
-  np.testing.assert_allclose([r['loss'] for r in multi_rows], [r['loss'] for r in single_rows],
-                             rtol=1e-5)
+  assert [(r['step'], r.get('split')) for r in multi_rows] == [
+      (r['step'], r.get('split')) for r in single_rows]
+  for key in ('loss', 'sacrebleu'):  # training and validation rows; the final test BLEU row
+    np.testing.assert_allclose([r[key] for r in multi_rows if key in r],
+                               [r[key] for r in single_rows if key in r], rtol=1e-5)
