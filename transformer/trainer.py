@@ -179,8 +179,9 @@ def train(config: ml_collections.ConfigDict, workdir: str):
             'Lower the learning rate (config.lr_scale) or enable config.grad_clip_norm.')
     return step_metrics
 
-  def log_train_metrics(step: int, pending: list, elapsed: float):
-    step_metrics = fetch_finite(step, pending)
+  def log_train_metrics(step: int, pending: list, since: float):
+    step_metrics = fetch_finite(step, pending)  # waits for the steps to finish computing
+    elapsed = time.time() - since
     values = metrics.summarize(step_metrics)
     values.update(
         learning_rate=step_metrics[-1]['learning_rate'],
@@ -217,7 +218,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       save_now = (step == config.num_train_steps or preempted or secs_due or
                   every(step, config.checkpoint_every_steps))
       if every(step, config.log_every_steps) or step == config.num_train_steps:
-        log_train_metrics(step, pending, time.time() - interval_start)
+        log_train_metrics(step, pending, interval_start)
         pending, interval_start = [], time.time()
       elif save_now:
         fetch_finite(step, pending)  # nothing non-finite may reach a checkpoint
