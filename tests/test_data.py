@@ -116,11 +116,17 @@ def test_other_hosts_wait_for_process_0_then_give_up_naming_the_file(tmp_path, m
 
 # Training batches.
 
+def with_packing(config, packing: bool):
+  """A copy of `config` batching with or without packing."""
+  config = config.copy_and_resolve_references()
+  config.packing = packing
+  return config
+
+
 @pytest.mark.parametrize('packing', [False, True])
 def test_every_pair_once_per_epoch_within_the_token_budget(corpus, packing):
   config, vocab, encoded = corpus
-  config = config.copy_and_resolve_references()
-  config.packing = packing
+  config = with_packing(config, packing)
   batches = data.train_batches(config, vocab, num_devices=2)
   budget = config.tokens_per_batch // 2
   buckets = batching.bucket_lengths(config.max_length)
@@ -192,8 +198,7 @@ def test_packed_rows_keep_pairs_separate(corpus):
 @pytest.mark.parametrize('packing', [False, True])
 def test_a_restored_position_continues_exactly(corpus, packing):
   config, vocab, _ = corpus
-  config = config.copy_and_resolve_references()
-  config.packing = packing
+  config = with_packing(config, packing)
   batches = data.train_batches(config, vocab, num_devices=2)
   per_epoch = batches.batches_per_epoch
   expected = take(batches, per_epoch + 6)
@@ -221,8 +226,7 @@ def test_the_seed_decides_the_order(corpus):
 @pytest.mark.parametrize('packing', [False, True])
 def test_hosts_get_disjoint_shards_of_the_same_global_batches(corpus, packing):
   config, vocab, encoded = corpus
-  config = config.copy_and_resolve_references()
-  config.packing = packing
+  config = with_packing(config, packing)
   single = data.train_batches(config, vocab, num_devices=2)
   hosts = [data.train_batches(config, vocab, process_index=i, process_count=2, num_devices=1)
            for i in range(2)]

@@ -137,9 +137,12 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   writer = metrics.MetricsWriter(workdir, enabled=is_main)
   preemption = _Preemption()
 
+  eval_data = {}  # split -> its batches (loss) or texts (BLEU), read and tokenized once
+
   def evaluate(step: int, split: str):
-    sums = [p_eval(state.params, batch) for batch in data.eval_batches(config, vocab, split,
-                                                                        **shard)]
+    if split not in eval_data:
+      eval_data[split] = list(data.eval_batches(config, vocab, split, **shard))
+    sums = [p_eval(state.params, batch) for batch in eval_data[split]]
     summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
                                  for s in jax.device_get(sums)])
     values = {k: summary[k] for k in ('loss', 'nll', 'perplexity', 'accuracy')}
@@ -151,11 +154,13 @@ def train(config: ml_collections.ConfigDict, workdir: str):
 
   def score_bleu(step: int, split: str):
     """Translates `split` with the current parameters; logs both BLEUs and a few examples."""
-    try:
-      sources, references = data.split_texts(config, split)
-    except data.DataError as error:
-      logging.warning('no BLEU on %s: %s', split, error)
-      return
+    if ('texts', split) not in eval_data:
+      try:
+        eval_data['texts', split] = data.split_texts(config, split)
+      except data.DataError as error:
+        logging.warning('no BLEU on %s: %s', split, error)
+        return
+    sources, references = eval_data['texts', split]
     hypotheses = translator.translate(state.params, sources)
     values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, config.target_lang)[0],
               'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang)}
