@@ -1,10 +1,13 @@
 r"""Padding efficiency (real tokens / padded slots) of one training epoch on Multi30k EN->DE.
 
-Compares length buckets (the default) with sequence packing, using configs/multi30k.py:
+Compares length buckets (the default) with sequence packing, using configs/multi30k.py, with the
+data sharded over 1 and over 8 devices (each device fills its rows from its own shard, so more
+devices leave a few more rows empty):
 
   python -m benchmarks.padding_efficiency --manual_dir=../shared/data/multi30k
 """
 
+import itertools
 import os
 import tempfile
 
@@ -17,7 +20,7 @@ from transformer import data
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
                                   'Directory of the Multi30k files.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the vocabulary goes (default: a temp dir).')
-_NUM_DEVICES = flags.DEFINE_integer('num_devices', 1, 'Devices the batches are split over.')
+_NUM_DEVICES = flags.DEFINE_list('num_devices', ['1', '8'], 'Device counts to shard the data over.')
 
 
 def main(argv):
@@ -28,9 +31,9 @@ def main(argv):
     config.tfds_data_dir = os.path.join(tmp, 'tfds')
     config_lib.validate(config)
     vocab = data.load_or_train_vocabulary(config, _WORKDIR.value or tmp)
-    for packing in (False, True):
+    for num_devices, packing in itertools.product(map(int, _NUM_DEVICES.value), (False, True)):
       config.packing = packing
-      batches = data.train_batches(config, vocab, num_devices=_NUM_DEVICES.value)
+      batches = data.train_batches(config, vocab, num_devices=num_devices)
       real, slots, shapes = {'sources': 0, 'targets': 0}, 0, set()
       for _ in range(batches.batches_per_epoch):
         batch = next(batches)
@@ -38,10 +41,10 @@ def main(argv):
           real[side] += int((batch[side] > 0).sum())
         slots += batch['sources'].size
         shapes.add(batch['sources'].shape)
-      print(f'{"packing" if packing else "buckets"}: {100 * sum(real.values()) / (2 * slots):.1f}% '
-            f'(sources {100 * real["sources"] / slots:.1f}%, targets '
-            f'{100 * real["targets"] / slots:.1f}%), {batches.batches_per_epoch} batches, '
-            f'{len(shapes)} shapes')
+      print(f'{num_devices} device(s), {"packing" if packing else "buckets"}: '
+            f'{100 * sum(real.values()) / (2 * slots):.1f}% (sources '
+            f'{100 * real["sources"] / slots:.1f}%, targets {100 * real["targets"] / slots:.1f}%), '
+            f'{batches.batches_per_epoch} batches, {len(shapes)} shapes')
 
 
 if __name__ == '__main__':

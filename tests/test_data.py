@@ -1,8 +1,10 @@
 """The input pipeline: sources, vocabulary, length-grouped and packed batches, resume, sharding."""
 
 import collections
+import concurrent.futures
 import gzip
 import os
+import threading
 import time
 
 import numpy as np
@@ -12,7 +14,7 @@ import tensorflow_datasets as tfds
 from configs import default, multi30k, tiny
 from transformer import config as config_lib
 from transformer import data
-from transformer.data import batching, synthetic, vocabulary
+from transformer.data import batching, sources, synthetic, vocabulary
 
 
 def text_config(tmp_path, **overrides):
@@ -38,7 +40,32 @@ def corpus(tmp_path_factory):
   tmp_path = tmp_path_factory.mktemp('text')
   config = text_config(tmp_path)
   vocab = data.load_or_train_vocabulary(config, str(tmp_path / 'workdir'))
-  return config, vocab, batching.encode_split(config, vocab, 'train')
+  return config, vocab, encode_all(config, vocab, 'train')
+
+
+def encode_all(config, vocab, split) -> batching.EncodedSplit:
+  corpus = sources.load_split(config, split)
+  return batching.encode(corpus, vocab, config.max_length, np.arange(len(corpus)))
+
+
+def simulated_hosts(build, process_count: int) -> list:
+  """[build(i, all_gather) for each host i], run at once on threads that all-gather as hosts do."""
+  barrier = threading.Barrier(process_count)
+  tables = [None] * process_count
+
+  def host(i):
+    def all_gather(local):
+      tables[i] = local
+      barrier.wait()
+      table = np.concatenate(tables)
+      barrier.wait()  # all have read the tables before any host gathers again
+      return table
+
+    threading.current_thread().name = f'host {i}'
+    return build(i, all_gather)
+
+  with concurrent.futures.ThreadPoolExecutor(process_count) as pool:
+    return list(pool.map(host, range(process_count)))
 
 
 def pairs_in(batch) -> list:
@@ -140,6 +167,12 @@ def test_every_pair_once_per_epoch_within_the_token_budget(corpus, packing):
       assert all(a.shape == batch['sources'].shape and a.dtype == np.int32 for a in batch.values())
       shapes.add(batch['sources'].shape)
     epochs.append([pair for batch in epoch for pair in pairs_in(batch)])
+    # A device spreads its rows of one length evenly over that length's batches.
+    for device in range(2):
+      rows = collections.defaultdict(list)
+      for batch in epoch:
+        rows[batch['sources'].shape[-1]].append(int(batch['sources'][device, :, 0].astype(bool).sum()))
+      assert all(max(r) - min(r) <= 1 for r in rows.values())
     assert collections.Counter(epochs[-1]) == all_pairs(encoded)
   assert epochs[0] != epochs[1]  # reshuffled
   assert len(shapes) == (1 if packing else len(buckets))
@@ -162,7 +195,7 @@ def test_too_long_and_empty_pairs_are_dropped_and_counted(tmp_path, corpus):
   (tmp_path / 'train.de').write_text('A B\n\nC\n\n')
   config = config.copy_and_resolve_references()
   config.train_files = str(tmp_path / 'train.{lang}')
-  with_empty = batching.encode_split(config, vocab, 'train')
+  with_empty = encode_all(config, vocab, 'train')
   assert (len(with_empty), with_empty.dropped_empty) == (2, 2)
 
 
@@ -223,23 +256,64 @@ def test_the_seed_decides_the_order(corpus):
   assert pairs_in(take(data.train_batches(other, vocab), 1)[0]) != pairs_in(same[0][0])
 
 
+def corpus_index(encoded) -> dict:
+  """(source, target) tokens -> the pair's index in the corpus (the test corpora's pairs differ)."""
+  return {(tuple(encoded.sources[k]), tuple(encoded.targets[k])): int(encoded.indices[k])
+          for k in range(len(encoded))}
+
+
+def device_pairs(batch, device: int) -> list:
+  return pairs_in({key: value[device] for key, value in batch.items()})
+
+
 @pytest.mark.parametrize('packing', [False, True])
-def test_hosts_get_disjoint_shards_of_the_same_global_batches(corpus, packing):
+def test_each_host_reads_its_devices_shards_of_the_same_global_batches(corpus, packing,
+                                                                        monkeypatch):
   config, vocab, encoded = corpus
   config = with_packing(config, packing)
-  single = data.train_batches(config, vocab, num_devices=2)
-  hosts = [data.train_batches(config, vocab, process_index=i, process_count=2, num_devices=1)
-           for i in range(2)]
+  reads = collections.defaultdict(set)  # thread name -> corpus indices read
+  load_split = sources.load_split
+
+  def recording_load_split(config, split):
+    corpus = load_split(config, split)
+    read = corpus.texts
+    corpus.texts = lambda indices: (reads[threading.current_thread().name].update(indices),
+                                    read(indices))[1]
+    return corpus
+
+  monkeypatch.setattr(sources, 'load_split', recording_load_split)
+  hosts = simulated_hosts(lambda i, gather: data.train_batches(
+      config, vocab, process_index=i, process_count=2, num_devices=2, all_gather=gather), 2)
+  assert not reads['host 0'] & reads['host 1']
+  assert reads['host 0'] | reads['host 1'] == set(range(600))  # the whole corpus, read once
+
+  single = data.train_batches(config, vocab, num_devices=4)
   assert {h.batches_per_epoch for h in hosts} == {single.batches_per_epoch}
-  shards = [[], []]
-  for _ in range(single.batches_per_epoch):
+  index, held = corpus_index(encoded), [set() for _ in range(4)]  # corpus indices per device
+  for _ in range(single.batches_per_epoch + 2):
     parts = [next(h) for h in hosts]
-    assert_batches_equal([next(single)], [{key: np.concatenate([p[key] for p in parts])
-                                           for key in parts[0]}])
-    for shard, part in zip(shards, parts):
-      shard += pairs_in(part)
-  assert collections.Counter(shards[0]) + collections.Counter(shards[1]) == all_pairs(encoded)
-  assert not set(shards[0]) & set(shards[1]) and min(map(len, shards)) > 0.4 * len(encoded)
+    batch = next(single)
+    # The same global batch, whichever host a device is on.
+    assert_batches_equal([batch], [{key: np.concatenate([p[key] for p in parts])
+                                    for key in parts[0]}])
+    for device in range(4):
+      held[device] |= {index[pair] for pair in device_pairs(batch, device)}
+  assert sum(map(len, held)) == len(encoded)  # disjoint shards, the same in every epoch
+  for i in range(2):  # host i has devices 2i and 2i + 1: it read their pairs itself
+    assert held[2 * i] | held[2 * i + 1] <= reads[f'host {i}']
+  for device in range(4):  # random samples of the corpus, not every 4th line
+    assert 0.35 < np.mean([k % 2 for k in held[device]]) < 0.65
+
+
+def test_no_usable_pair_and_a_wrong_process_count_are_errors(tmp_path, corpus):
+  _, vocab, _ = corpus
+  config = text_files_config(write_pair(tmp_path, 'train', b'a b c d e f g h\n', b'A B\n'))
+  config.max_length = 8
+  with pytest.raises(data.DataError, match=r'train.{lang} \(train\): no usable pairs \(0 empty, 1 '
+                     r'longer than config.max_length=8\); check the data or raise max_length'):
+    data.train_batches(config, vocab)
+  with pytest.raises(data.DataError, match='all_gather returned 1 shard rows for 2 devices'):
+    data.train_batches(config, vocab, process_index=1, process_count=2)  # JAX runs one process
 
 
 def test_too_small_a_budget_per_device_is_an_error(corpus):
@@ -254,25 +328,29 @@ def test_too_small_a_budget_per_device_is_an_error(corpus):
 # Evaluation batches and raw text.
 
 @pytest.mark.parametrize('process_count', [1, 2])
-def test_eval_batches_keep_the_input_order_and_pad_the_last_batch(corpus, process_count):
+def test_eval_batches_cover_the_split_once_in_shapes_all_hosts_share(corpus, process_count):
   config, vocab, _ = corpus
-  encoded = batching.encode_split(config, vocab, 'validation')
-  hosts = [list(data.eval_batches(config, vocab, 'validation', process_index=i,
-                                  process_count=process_count, num_devices=2))
-           for i in range(process_count)]
+  encoded = encode_all(config, vocab, 'validation')
+  hosts = simulated_hosts(lambda i, gather: list(data.eval_batches(
+      config, vocab, 'validation', process_index=i, process_count=process_count, num_devices=2,
+      all_gather=gather)), process_count)
   assert len({len(h) for h in hosts}) == 1
-  in_order, shapes = [], set()
+  buckets = batching.bucket_lengths(config.max_length)
+  seen, lengths = [], []
   for parts in zip(*hosts):
     assert len({p['sources'].shape for p in parts}) == 1
     devices, rows, length = parts[0]['sources'].shape
     assert devices == 2 and rows * length <= config.tokens_per_batch // (2 * process_count)
-    shapes.add(parts[0]['sources'].shape)
-    in_order += [pair for p in parts for pair in pairs_in(p)]
-  assert in_order == [(tuple(encoded.sources[k]), tuple(encoded.targets[k]))
-                      for k in range(len(encoded))]
-  assert len(shapes) <= len(batching.bucket_lengths(config.max_length))
-  last = hosts[-1][-1]['sources'].reshape(-1, length)
-  assert not last[-1].any()  # padded with all-zero rows
+    lengths.append(length)
+    for part in parts:
+      for device in range(2):
+        pairs = device_pairs(part, device)
+        # Each pair in the shortest length that fits it.
+        assert all(buckets[buckets.index(length) - 1] < max(map(len, p)) for p in pairs
+                   if length > buckets[0])
+        seen += pairs
+  assert collections.Counter(seen) == all_pairs(encoded)
+  assert lengths == sorted(lengths)  # one run of batches per length
 
 
 def test_split_texts_are_the_raw_pairs_in_order(corpus):
@@ -295,7 +373,7 @@ def test_tiny_config_on_synthetic_data(tmp_path):
   words, translations = synthetic._lexicon()  # pylint: disable=protected-access
   mapping = dict(zip(words, translations))
   assert targets[0].split() == [mapping[w] for w in reversed(sources[0].split())]
-  encoded = batching.encode_split(config, vocab, 'train')
+  encoded = encode_all(config, vocab, 'train')
   assert len(encoded) + encoded.dropped_too_long == 2000 and encoded.dropped_too_long < 20
 
 
@@ -314,7 +392,7 @@ def test_tfds_translation_dataset_end_to_end_with_mock_data(tmp_path):
     devices, rows, length = batch['sources'].shape
     assert devices == 2 and rows * length <= 128 and length <= 32
     assert set(batch) == {'sources', 'targets'}
-    encoded = batching.encode_split(config, vocab, 'validation')
+    encoded = encode_all(config, vocab, 'validation')
     evaluated = [p for b in data.eval_batches(config, vocab, 'validation', num_devices=2)
                  for p in pairs_in(b)]
     assert len(evaluated) == len(encoded) > 0

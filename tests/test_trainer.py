@@ -103,6 +103,16 @@ def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   assert [r['step'] for r in rows if 'split' not in r] == [20, 40, 50, 60, 80, 100]
 
 
+def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_path):
+  workdir = os.path.join(str(tmp_path), 'run')
+  shutil.copytree(full_run, workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '100'))
+  result = run_train(workdir, '--config.num_train_steps=51', devices=2)
+  assert ('checkpoint 50 was written on 1 devices, this run has 2: the resumed run sees other '
+          'batches') in result.stderr
+  assert restore(workdir, 51)[1]['data_shards'] == 2
+
+
 def test_sigterm_saves_the_current_step_and_exits_cleanly(tmp_path):
   workdir = str(tmp_path)
   process = subprocess.Popen(

@@ -1,7 +1,8 @@
 """Orbax checkpoints under `<workdir>/checkpoints/<step>/`: the training state and where the data was.
 
 Each checkpoint holds `state` (parameters and optimizer state, host numpy copies) and `meta` (JSON:
-step and data position). Every process calls save and restore: Orbax coordinates the writes.
+step, data position and the device count the data was sharded over). Every process calls save
+and restore: Orbax coordinates the writes.
 """
 
 import os

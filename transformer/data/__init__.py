@@ -7,6 +7,7 @@ sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arr
 'target_segment_ids', 'target_positions'.
 
   vocab = load_or_train_vocabulary(config, workdir)
+  # Every host at once (they all-gather their shard sizes); each reads only its devices' shards.
   batches = train_batches(config, vocab, process_index, process_count, num_devices, start_position)
   next(batches); batches.position  # batches yielded so far: restart from it with start_position
   for batch in eval_batches(config, vocab, 'validation', ...): ...

@@ -1,27 +1,36 @@
 """Length-grouped token batches for data-parallel training and evaluation, resumable by position.
 
 config.tokens_per_batch is the global budget of source (and of target) tokens per optimizer update;
-each device's micro-batch gets tokens_per_batch // (grad_accum_steps * process_count * num_devices)
-slots per side. A batch is [num_devices, rows, length] with `length` from a small fixed set
-(`bucket_lengths`), so XLA compiles a bounded number of programs:
-- default: one pair per row, pairs grouped by their longer side into the bucket that fits it;
-- config.packing: several pairs per max_length row, with segment ids (1, 2, ...; 0 = padding) and
-  positions restarting at 0 for each pair.
+each device's micro-batch gets tokens_per_batch // (grad_accum_steps * all devices) slots per side.
+A batch is [local devices, rows, length] with `length` from a small fixed set (`bucket_lengths`),
+so XLA compiles a bounded number of programs. A row holds
+- one pair: pairs are grouped by their longer side into the shortest length that fits (default);
+- with config.packing, several pairs in max_length slots, with segment ids (1, 2, ...; 0 = padding)
+  and positions restarting at 0 for each pair.
 Pairs with an empty side, or a side longer than max_length tokens (EOS included), are dropped and
 counted, never truncated.
 
-Every host computes the same global plan from the lengths of all pairs and fills only its own
-devices' rows: hosts agree on each batch's shape without talking, and the batches do not depend on
-how the devices are spread over hosts. A training epoch's plan is a pure function of (seed, epoch)
-with a fixed number of batches, so batch n is found without replaying batches 0..n-1; this is why
-the pipeline is written by hand (numpy) rather than with tf.data or grain.
+The data is sharded by device, not by host: of D devices in all, device d owns every D-th pair of
+a permutation of the split drawn from config.seed (a random sample, however the corpus is
+ordered), and a host reads and tokenizes only its own devices' shards. The hosts
+then all-gather one small table (each shard's row count per length) and compute the same plan
+from it: the sequence of batch lengths, each length as often as the fullest shard needs. Every
+device fills each batch from its own shard, spreading its rows of that length evenly over the
+batches of that length (a smaller shard leaves a few rows as padding). So hosts agree on every
+batch's shape, and a batch does not depend on how the devices are spread over hosts. A training
+epoch's plan is a pure function of (seed, epoch) with a fixed number of batches, so batch n is
+found without replaying batches 0..n-1; this is why the pipeline is written by hand (numpy)
+rather than with tf.data or grain.
 """
 
 import dataclasses
+from collections.abc import Callable
 
+import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from transformer.data import sources
 from transformer.data.errors import DataError
@@ -29,6 +38,7 @@ from transformer.data.vocabulary import EOS_ID, Vocabulary
 
 ENCODE_CHUNK = 10_000  # pairs read and tokenized at a time
 PACKING_WINDOW = 16  # open rows a pair may join: more fills rows better but packs slower
+SHARDING, PACKING, BATCH_ORDER, ROW_ORDER = range(4)  # the random choices made from config.seed
 
 
 def bucket_lengths(max_length: int) -> list[int]:
@@ -41,20 +51,19 @@ def bucket_lengths(max_length: int) -> list[int]:
 
 
 class _Ragged:
-  """Token sequences of different lengths, stored flat."""
+  """Sequences of different lengths, stored flat: `ragged[i]` is sequence i."""
 
-  def __init__(self, chunks: list[np.ndarray], lengths: list[np.ndarray]):
-    self.tokens = np.concatenate(chunks)
-    self.lengths = np.concatenate(lengths)
-    self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+  def __init__(self, flat: np.ndarray, lengths: np.ndarray):
+    self.flat, self.lengths = flat, lengths
+    self.offsets = np.concatenate([[0], np.cumsum(lengths)])
 
   def __getitem__(self, i: int) -> np.ndarray:
-    return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+    return self.flat[self.offsets[i]:self.offsets[i + 1]]
 
 
 @dataclasses.dataclass
 class EncodedSplit:
-  """A split's usable pairs as token ids ending in EOS; pair k is corpus pair `indices[k]`."""
+  """Usable pairs as token ids ending in EOS; pair k is corpus pair `indices[k]`."""
 
   name: str
   indices: np.ndarray
@@ -72,20 +81,21 @@ class EncodedSplit:
     return np.maximum(self.sources.lengths, self.targets.lengths)
 
 
-def encode_split(config: ml_collections.ConfigDict, vocab: Vocabulary, split: str) -> EncodedSplit:
-  """Tokenizes a whole split (all hosts need every length to agree on one plan)."""
-  corpus = sources.load_split(config, split)
+def encode(corpus: sources.Corpus, vocab: Vocabulary, max_length: int,
+           indices: np.ndarray) -> EncodedSplit:
+  """Tokenizes the corpus pairs at `indices`, dropping those with an empty or too long side."""
   dtype = np.uint16 if vocab.vocab_size <= 2**16 else np.int32
   kept, empty, too_long = [], 0, 0
-  sides = ([], []), ([], [])  # (token chunks, length chunks) per side
-  for start in range(0, len(corpus), ENCODE_CHUNK):
-    chunk = range(start, min(start + ENCODE_CHUNK, len(corpus)))
+  sides = ([np.zeros(0, dtype)], [np.zeros(0, np.int64)]), ([np.zeros(0, dtype)],
+                                                             [np.zeros(0, np.int64)])
+  for start in range(0, len(indices), ENCODE_CHUNK):
+    chunk = indices[start:start + ENCODE_CHUNK].tolist()
     encoded = [vocab.encode_batch(texts) for texts in corpus.texts(chunk)]
     chunk_kept = []
     for index, source, target in zip(chunk, *encoded):
       if not source or not target:
         empty += 1
-      elif max(len(source), len(target)) + 1 > config.max_length:
+      elif max(len(source), len(target)) + 1 > max_length:
         too_long += 1
       else:
         chunk_kept.append((source, target))
@@ -93,34 +103,26 @@ def encode_split(config: ml_collections.ConfigDict, vocab: Vocabulary, split: st
     for (tokens, lengths), sequences in zip(sides, zip(*chunk_kept) if chunk_kept else ((), ())):
       tokens.append(np.array([t for s in sequences for t in (*s, EOS_ID)], dtype))
       lengths.append(np.array([len(s) + 1 for s in sequences], np.int64))
-  logging.info('%s: %d pairs; dropped %d with an empty side and %d longer than max_length=%d '
-               'tokens', corpus.name, len(kept), empty, too_long, config.max_length)
-  if not kept:
-    raise DataError(f'{corpus.name}: no usable pairs ({empty} empty, {too_long} longer than '
-                    f'config.max_length={config.max_length}); check the data or raise max_length')
-  return EncodedSplit(corpus.name, np.array(kept, np.int64), _Ragged(*sides[0]),
-                      _Ragged(*sides[1]), empty, too_long)
+  source, target = (_Ragged(np.concatenate(tokens), np.concatenate(lengths))
+                    for tokens, lengths in sides)
+  return EncodedSplit(corpus.name, np.array(kept, np.int64), source, target, empty, too_long)
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """Where a global batch goes: `tokens` slots per side on each of all hosts' devices."""
+  """This host's devices among all: device d of `num_shards` owns shard d of every split."""
 
-  tokens: int
-  process_index: int
-  process_count: int
-  num_devices: int
+  tokens: int  # slots per side in one device's micro-batch
+  devices: range
+  num_shards: int
 
   def rows_per_device(self, length: int) -> int:
     return self.tokens // length
 
-  def global_rows(self, length: int) -> int:
-    return self.rows_per_device(length) * self.process_count * self.num_devices
-
 
 def layout(config: ml_collections.ConfigDict, process_index: int, process_count: int,
            num_devices: int) -> Layout:
-  """The per-device token budget of this host's share; DataError if a row would not fit."""
+  """This host's share of a global batch; DataError if a row would not fit a device's budget."""
   if not 0 <= process_index < process_count or num_devices < 1:
     raise DataError(f'process_index={process_index}, process_count={process_count}, '
                     f'num_devices={num_devices}: need 0 <= process_index < process_count and '
@@ -132,30 +134,13 @@ def layout(config: ml_collections.ConfigDict, process_index: int, process_count:
                     f'per device micro-batch (grad_accum_steps * processes * devices = {splits}), '
                     f'fewer than config.max_length={config.max_length}; raise tokens_per_batch '
                     'or lower grad_accum_steps')
-  return Layout(tokens, process_index, process_count, num_devices)
+  first = process_index * num_devices
+  return Layout(tokens, range(first, first + num_devices), process_count * num_devices)
 
 
-def fill(encoded: EncodedSplit, rows, length: int, where: Layout, packing: bool) -> dict:
-  """This host's part of a global batch whose rows hold the listed pairs; missing rows are 0."""
-  per_device = where.rows_per_device(length)
-  host_rows = per_device * where.num_devices
-  first = where.process_index * host_rows
-  names = ['sources', 'targets']
-  if packing:
-    names += ['source_segment_ids', 'source_positions', 'target_segment_ids', 'target_positions']
-  arrays = {name: np.zeros((host_rows, length), np.int32) for name in names}
-  for row, pairs in enumerate(rows[first:first + host_rows]):
-    for side, ragged in (('source', encoded.sources), ('target', encoded.targets)):
-      start = 0
-      for segment, pair in enumerate(pairs, 1):
-        ids = ragged[pair]
-        end = start + len(ids)
-        arrays[f'{side}s'][row, start:end] = ids
-        if packing:
-          arrays[f'{side}_segment_ids'][row, start:end] = segment
-          arrays[f'{side}_positions'][row, start:end] = np.arange(len(ids))
-        start = end
-  return {name: a.reshape(where.num_devices, per_device, length) for name, a in arrays.items()}
+def rng(seed: int, purpose: int, epoch: int = 0, device: int = 0) -> np.random.Generator:
+  """An independent random stream for each purpose, epoch and device, all from the seed."""
+  return np.random.default_rng([seed, purpose, epoch, device])
 
 
 def pack(source_lengths, target_lengths, order, length: int) -> list[list[int]]:
@@ -177,21 +162,116 @@ def pack(source_lengths, target_lengths, order, length: int) -> list[list[int]]:
   return rows + [row[2] for row in open_rows]
 
 
-def _bucketed_epoch(encoded: EncodedSplit, buckets: list[int], where: Layout, rng) -> list:
-  """Pairs shuffled within their bucket, cut into batches; the batch order shuffled."""
-  bucket_of = np.searchsorted(buckets, encoded.longest)
-  batches = []
-  for bucket, length in enumerate(buckets):
-    pairs = rng.permutation(np.flatnonzero(bucket_of == bucket))[:, None]  # one pair per row
-    size = where.global_rows(length)
-    batches += [(length, pairs[s:s + size]) for s in range(0, len(pairs), size)]
-  return [batches[i] for i in rng.permutation(len(batches))]
+@dataclasses.dataclass
+class Shard:
+  """One device's pairs arranged in rows: `rows[r]` lists the pairs of row r."""
+
+  encoded: EncodedSplit
+  rows: _Ragged
+  rows_by_length: list[np.ndarray]  # per bucket length: the ids of the rows of that length
 
 
-def _packed_epoch(rows: list[list[int]], length: int, where: Layout, rng) -> list:
-  order = rng.permutation(len(rows))
-  size = where.global_rows(length)
-  return [(length, [rows[i] for i in order[s:s + size]]) for s in range(0, len(order), size)]
+def arrange(encoded: EncodedSplit, buckets: list[int], packing: bool, seed: int,
+            device: int) -> Shard:
+  """One pair per row in the bucket that fits it, or pairs packed (once, from the seed) into
+  max_length rows."""
+  if packing:
+    order = rng(seed, PACKING, device=device).permutation(len(encoded))
+    packed = pack(encoded.sources.lengths, encoded.targets.lengths, order, buckets[-1])
+    rows = _Ragged(np.array([p for row in packed for p in row], np.int64),
+                   np.array([len(row) for row in packed], np.int64))
+    by_length = [np.zeros(0, np.int64)] * (len(buckets) - 1) + [np.arange(len(packed))]
+  else:
+    rows = _Ragged(np.arange(len(encoded)), np.ones(len(encoded), np.int64))
+    bucket_of = np.searchsorted(buckets, encoded.longest)
+    by_length = [np.flatnonzero(bucket_of == b) for b in range(len(buckets))]
+  return Shard(encoded, rows, by_length)
+
+
+def all_hosts(local: np.ndarray) -> np.ndarray:
+  """Every host's `local` [its devices, ...] concatenated in process order: [all devices, ...]."""
+  if jax.process_count() == 1:
+    return local
+  return np.asarray(multihost_utils.process_allgather(local, tiled=True))
+
+
+AllGather = Callable[[np.ndarray], np.ndarray]
+
+
+class Batches:
+  """A split's batches on this host: one plan shared by all hosts, filled from local shards."""
+
+  def __init__(self, config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
+               where: Layout, pack_rows: bool, all_gather: AllGather):
+    self.buckets = bucket_lengths(config.max_length)
+    # With config.packing every batch, even one of single-pair rows, carries segment ids and
+    # positions, so training and evaluation steps see the same inputs.
+    self.where, self._segments, self._seed = where, config.packing, config.seed
+    corpus = sources.load_split(config, split)
+    order = rng(config.seed, SHARDING).permutation(len(corpus))
+    self.shards = [arrange(encode(corpus, vocab, config.max_length,
+                                  np.sort(order[device::where.num_shards])),
+                           self.buckets, pack_rows, config.seed, device)
+                   for device in where.devices]
+    local = np.array([[len(s.encoded), s.encoded.dropped_empty, s.encoded.dropped_too_long,
+                       *map(len, s.rows_by_length)] for s in self.shards], np.int32)
+    table = all_gather(local)
+    if table.shape != (where.num_shards, local.shape[1]):
+      raise DataError(f'all_gather returned {len(table)} shard rows for {where.num_shards} '
+                      'devices: process_count and num_devices must describe the running hosts')
+    usable, empty, too_long = table[:, :3].sum(axis=0).tolist()
+    logging.info('%s: %d pairs in %d shards; dropped %d with an empty side and %d longer than '
+                 'max_length=%d tokens', corpus.name, usable, where.num_shards, empty, too_long,
+                 config.max_length)
+    if not usable:
+      raise DataError(f'{corpus.name}: no usable pairs ({empty} empty, {too_long} longer than '
+                      f'config.max_length={config.max_length}); check the data or raise '
+                      'max_length')
+    rows = table[:, 3:]
+    # A length gets as many batches as its fullest shard needs.
+    self.batches_per_length = [int(-(-rows[:, b].max() // where.rows_per_device(length)))
+                               for b, length in enumerate(self.buckets)]
+
+  def plan(self, epoch: int | None) -> list[tuple[int, list[np.ndarray]]]:
+    """(length, each local device's row ids) per batch: shuffled by (seed, epoch), or in order."""
+    order = np.repeat(np.arange(len(self.buckets)), self.batches_per_length)
+    if epoch is not None:
+      order = rng(self._seed, BATCH_ORDER, epoch).permutation(order)
+    per_device = []  # [device][bucket] -> row-id chunks, one per batch of that bucket
+    for device, shard in zip(self.where.devices, self.shards):
+      rows = None if epoch is None else rng(self._seed, ROW_ORDER, epoch, device)
+      per_device.append([np.array_split(ids if rows is None else rows.permutation(ids), count)
+                         if count else []
+                         for ids, count in zip(shard.rows_by_length, self.batches_per_length)])
+    taken = [0] * len(self.buckets)
+    batches = []
+    for bucket in order.tolist():
+      batches.append((self.buckets[bucket], [chunks[bucket][taken[bucket]]
+                                             for chunks in per_device]))
+      taken[bucket] += 1
+    return batches
+
+  def fill(self, length: int, device_rows: list[np.ndarray]) -> dict:
+    """The [local devices, rows, length] arrays of one batch; rows past a device's own are 0."""
+    shape = (len(self.shards), self.where.rows_per_device(length), length)
+    names = ['sources', 'targets']
+    if self._segments:
+      names += ['source_segment_ids', 'source_positions', 'target_segment_ids',
+                'target_positions']
+    arrays = {name: np.zeros(shape, np.int32) for name in names}
+    for device, (shard, row_ids) in enumerate(zip(self.shards, device_rows)):
+      for row, row_id in enumerate(row_ids.tolist()):
+        for side, ragged in (('source', shard.encoded.sources), ('target', shard.encoded.targets)):
+          start = 0
+          for segment, pair in enumerate(shard.rows[row_id].tolist(), 1):
+            ids = ragged[pair]
+            end = start + len(ids)
+            arrays[f'{side}s'][device, row, start:end] = ids
+            if self._segments:
+              arrays[f'{side}_segment_ids'][device, row, start:end] = segment
+              arrays[f'{side}_positions'][device, row, start:end] = np.arange(len(ids))
+            start = end
+    return arrays
 
 
 class TrainBatches:
@@ -202,66 +282,39 @@ class TrainBatches:
   epoch has the same number of batches.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, encoded: EncodedSplit, where: Layout,
-               start_position: int):
+  def __init__(self, batches: Batches, start_position: int):
     self.position = start_position
-    self._config, self._encoded, self._where = config, encoded, where
-    self._buckets = bucket_lengths(config.max_length)
-    if config.packing:
-      order = np.random.default_rng(config.seed).permutation(len(encoded))
-      self._rows = pack(encoded.sources.lengths, encoded.targets.lengths, order,
-                        config.max_length)
+    self._batches = batches
     self._epoch, self._plan = None, None
-    self.batches_per_epoch = len(self._epoch_plan(0))
-
-  def _epoch_plan(self, epoch: int) -> list:
-    if epoch != self._epoch:
-      rng = np.random.default_rng([self._config.seed, epoch])
-      if self._config.packing:
-        self._plan = _packed_epoch(self._rows, self._config.max_length, self._where, rng)
-      else:
-        self._plan = _bucketed_epoch(self._encoded, self._buckets, self._where, rng)
-      self._epoch = epoch
-    return self._plan
+    self.batches_per_epoch = sum(batches.batches_per_length)
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict:
     epoch, index = divmod(self.position, self.batches_per_epoch)
-    length, rows = self._epoch_plan(epoch)[index]
+    if epoch != self._epoch:
+      self._epoch, self._plan = epoch, self._batches.plan(epoch)
     self.position += 1
-    return fill(self._encoded, rows, length, self._where, self._config.packing)
-
-
-def _eval_plan(encoded: EncodedSplit, buckets: list[int], where: Layout) -> list:
-  """Consecutive pairs, each batch as many as fit the bucket of its longest pair."""
-  def bucket(n: int) -> int:
-    return buckets[int(np.searchsorted(buckets, n))]
-
-  batches, current, current_longest = [], [], 0
-  for pair, n in enumerate(encoded.longest.tolist()):
-    if current and len(current) >= where.global_rows(bucket(max(current_longest, n))):
-      batches.append((bucket(current_longest), [[p] for p in current]))
-      current, current_longest = [], 0
-    current.append(pair)
-    current_longest = max(current_longest, n)
-  batches.append((bucket(current_longest), [[p] for p in current]))
-  return batches
+    return self._batches.fill(*self._plan[index])
 
 
 def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_index: int = 0,
-                  process_count: int = 1, num_devices: int = 1,
-                  start_position: int = 0) -> TrainBatches:
-  """Endless training batches for this host, from batch number `start_position` on."""
+                  process_count: int = 1, num_devices: int = 1, start_position: int = 0,
+                  all_gather: AllGather = all_hosts) -> TrainBatches:
+  """Endless training batches for this host, from batch number `start_position` on.
+
+  Every host calls it at once: `all_gather` exchanges the hosts' shard sizes.
+  """
   where = layout(config, process_index, process_count, num_devices)
-  return TrainBatches(config, encode_split(config, vocab, 'train'), where, start_position)
+  return TrainBatches(Batches(config, vocab, 'train', where, config.packing, all_gather),
+                      start_position)
 
 
 def eval_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
-                 process_index: int = 0, process_count: int = 1, num_devices: int = 1):
-  """One pass over `split` in its order; rows past the end of the split are all padding."""
+                 process_index: int = 0, process_count: int = 1, num_devices: int = 1,
+                 all_gather: AllGather = all_hosts):
+  """One pass over `split`, one pair per row, grouped by length; unused rows are all padding."""
   where = layout(config, process_index, process_count, num_devices)
-  encoded = encode_split(config, vocab, split)
-  plan = _eval_plan(encoded, bucket_lengths(config.max_length), where)
-  return (fill(encoded, rows, length, where, config.packing) for length, rows in plan)
+  batches = Batches(config, vocab, split, where, False, all_gather)
+  return (batches.fill(length, rows) for length, rows in batches.plan(None))
