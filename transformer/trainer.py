@@ -122,11 +122,11 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     state = state.replace(step=meta['step'], **tree)
     start_step, data_position = meta['step'], meta['data_position']
     logging.info('resumed from step %d (data position %d)', start_step, data_position)
-    if meta['data_shards'] != jax.device_count():
+    if meta.get('data_shards') != jax.device_count():
       # The data is sharded by device: another device count gives other batches.
-      logging.warning('checkpoint %d was written on %d devices, this run has %d: the resumed '
+      logging.warning('checkpoint %d was written on %s devices, this run has %d: the resumed '
                       'run sees other batches than an uninterrupted one would', start_step,
-                      meta['data_shards'], jax.device_count())
+                      meta.get('data_shards', 'an unrecorded number of'), jax.device_count())
   state = jax_utils.replicate(state)
 
   p_train_step = jax.pmap(steps.train_step, train_step.AXIS, donate_argnums=(0,))
