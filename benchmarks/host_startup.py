@@ -7,31 +7,20 @@ hosts' shard tables are taken to be host 0's, so that one process can stand in f
   python -m benchmarks.host_startup --manual_dir=../shared/data/multi30k
 """
 
-import os
-import tempfile
 import time
 
 import numpy as np
 from absl import app, flags
 
-from configs import multi30k
-from transformer import config as config_lib
+from benchmarks.multi30k_setup import multi30k_config_and_vocab
 from transformer import data
 
-_MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
-                                  'Directory of the Multi30k files.')
 _PROCESS_COUNTS = flags.DEFINE_list('process_counts', ['1', '2', '4'], 'Host counts to time.')
 
 
 def main(argv):
   del argv
-  config = multi30k.get_config()
-  config.manual_dir = _MANUAL_DIR.value
-  with tempfile.TemporaryDirectory() as tmp:
-    config.tfds_data_dir = os.path.join(tmp, 'tfds')
-    config_lib.validate(config)
-    vocab = data.load_or_train_vocabulary(config, tmp)
-    data.split_texts(config, 'train')  # prepares the TFDS files outside the timing
+  with multi30k_config_and_vocab() as (config, vocab):
     baseline = None
     for process_count in map(int, _PROCESS_COUNTS.value):
       start = time.perf_counter()

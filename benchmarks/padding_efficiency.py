@@ -8,29 +8,19 @@ devices leave a few more rows empty):
 """
 
 import itertools
-import os
-import tempfile
 
 from absl import app, flags
 
-from configs import multi30k
-from transformer import config as config_lib
+from benchmarks.multi30k_setup import multi30k_config_and_vocab
 from transformer import data
 
-_MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
-                                  'Directory of the Multi30k files.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the vocabulary goes (default: a temp dir).')
 _NUM_DEVICES = flags.DEFINE_list('num_devices', ['1', '8'], 'Device counts to shard the data over.')
 
 
 def main(argv):
   del argv
-  config = multi30k.get_config()
-  config.manual_dir = _MANUAL_DIR.value
-  with tempfile.TemporaryDirectory() as tmp:
-    config.tfds_data_dir = os.path.join(tmp, 'tfds')
-    config_lib.validate(config)
-    vocab = data.load_or_train_vocabulary(config, _WORKDIR.value or tmp)
+  with multi30k_config_and_vocab(_WORKDIR.value) as (config, vocab):
     for num_devices, packing in itertools.product(map(int, _NUM_DEVICES.value), (False, True)):
       config.packing = packing
       batches = data.train_batches(config, vocab, num_devices=num_devices)

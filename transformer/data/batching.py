@@ -86,8 +86,8 @@ def encode(corpus: sources.Corpus, vocab: Vocabulary, max_length: int,
   """Tokenizes the corpus pairs at `indices`, dropping those with an empty or too long side."""
   dtype = np.uint16 if vocab.vocab_size <= 2**16 else np.int32
   kept, empty, too_long = [], 0, 0
-  sides = ([np.zeros(0, dtype)], [np.zeros(0, np.int64)]), ([np.zeros(0, dtype)],
-                                                             [np.zeros(0, np.int64)])
+  # (token chunks, length chunks) per side; the empty first chunks serve an empty shard.
+  sides = [([np.zeros(0, dtype)], [np.zeros(0, np.int64)]) for _ in range(2)]
   for start in range(0, len(indices), ENCODE_CHUNK):
     chunk = indices[start:start + ENCODE_CHUNK].tolist()
     encoded = [vocab.encode_batch(texts) for texts in corpus.texts(chunk)]
