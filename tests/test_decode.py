@@ -84,14 +84,27 @@ def test_cached_greedy_equals_recomputing_the_prefix(params):
     assert strip(greedy[row]) == tokens
 
 
-def test_cached_beam_search_equals_recomputing_the_prefix(params):
+@pytest.mark.parametrize('cache_stage', [2, decode.CACHE_STAGE])
+def test_cached_beam_search_equals_recomputing_the_prefix(params, cache_stage):
   tokens, scores, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=4, alpha=0.6,
-                                         extra_length=3)
+                                         extra_length=3, cache_stage=cache_stage)
   for row, source in enumerate(SOURCES):
     hypothesis = strip(tokens[row])
     expected = sequence_log_probs(params, source, [hypothesis])[0] / float(
         decode.length_penalty(len(hypothesis), 0.6))
     assert float(scores[row]) == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_cache_grown_in_stages_gives_the_same_search():
+  # Limits of 7-9 positions: stages of 1 and 3 grow the cache 8 and 2 times, 64 never.
+  config, params = always_predicting(2)
+  params['output_projection']['kernel'] += jax.random.normal(jax.random.key(1), (16, 4))
+  results = [decode.beam_search(config, params, SOURCES, beam_size=2, extra_length=5,
+                                cache_stage=stage) for stage in (1, 3, 64)]
+  for tokens, scores, steps in results[:2]:
+    np.testing.assert_array_equal(tokens, results[-1][0])
+    np.testing.assert_allclose(scores, results[-1][1], rtol=1e-6)
+    assert int(steps) == int(results[-1][2])
 
 
 @pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])

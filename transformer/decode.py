@@ -14,10 +14,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.model import Transformer, TransformerConfig
+from transformer.model import Transformer, TransformerConfig, resize_cache
 
 PAD_ID, EOS_ID = 0, 1
 NEG_INF = -1.0e7  # large but finite: -inf - -inf would give NaN in score arithmetic
+# Beam search's self-attention caches grow by this many positions at a time: each step reads the
+# cache and the beam reorder copies it, so a short cache early on saves memory traffic.
+CACHE_STAGE = 16
 
 
 def length_penalty(length, alpha: float):
@@ -83,25 +86,29 @@ def greedy_search(config: TransformerConfig, params, sources, extra_length: int 
   return tokens.T
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'beam_size', 'alpha', 'extra_length'))
+@functools.partial(jax.jit, static_argnames=('config', 'beam_size', 'alpha', 'extra_length',
+                                             'cache_stage'))
 def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, alpha: float = 0.6,
-                extra_length: int = 50):
+                extra_length: int = 50, cache_stage: int = CACHE_STAGE):
   """Best hypothesis by log-probability / length_penalty.
 
   Returns (tokens [batch, length], scores [batch], number of decoding steps run).
   """
   batch, length = sources.shape[0], sources.shape[1] + extra_length
-  decoder = _Decoder(config, params, sources, beam_size, length)
   limits = max_output_lengths(sources, extra_length)
   best_possible_penalty = length_penalty(limits, alpha)
+  stage_ends = list(range(cache_stage, length, cache_stage)) + [length]
+  decoder = _Decoder(config, params, sources, beam_size, stage_ends[0])
 
   def reorder_cache(cache, beams):
     """Self-attention caches follow their beams; cross-attention ones are the same for all."""
+    # Whole rows of [batch * beam, ...]: a row copy, where a gather inside [batch, beam, ...]
+    # runs element by element.
+    rows = (jnp.arange(batch)[:, None] * beam_size + beams).reshape(-1)
     def gather(path, x):
       if x.ndim == 0 or any(getattr(k, 'key', None) == 'cross_attention' for k in path):
         return x
-      x = _gather_beams(x.reshape(batch, beam_size, *x.shape[1:]), beams)
-      return x.reshape(batch * beam_size, *x.shape[2:])
+      return jnp.take(x, rows, axis=0)
     return jax.tree_util.tree_map_with_path(gather, cache)
 
   def sentence_done(live_log_probs, finished_scores):
@@ -154,5 +161,9 @@ def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, 
   tokens = jnp.zeros((batch, beam_size, length), jnp.int32)
   state = (jnp.array(0), tokens, live_log_probs, tokens,
            jnp.full((batch, beam_size), NEG_INF), decoder.initial_cache)
-  steps, _, _, finished_tokens, finished_scores, _ = jax.lax.while_loop(not_done, step, state)
+  for end in stage_ends:  # each stage a loop with a cache of `end` positions
+    state = state[:-1] + (resize_cache(state[-1], end),)
+    state = jax.lax.while_loop(lambda state, end=end: not_done(state) & (state[0] < end), step,
+                               state)
+  steps, _, _, finished_tokens, finished_scores, _ = state
   return finished_tokens[:, 0], finished_scores[:, 0], steps

@@ -76,12 +76,29 @@ def _dense_init():
   return nn.initializers.xavier_uniform()
 
 
+def cached_attention(query: Array, keys: Array, values: Array, mask: Array) -> Array:
+  """One decoding step's attention over a cache kept in the layout its matmuls read.
+
+  query [batch, 1, heads, depth]; keys [batch, heads, depth, length] and values
+  [batch, heads, length, depth]; mask broadcastable to [batch, heads, 1, length]. Computes what
+  `nn.dot_product_attention` does (scaled query, float32 softmax, masked scores at the dtype's
+  minimum); written out because a cache in that function's layout is transposed at every step.
+  """
+  depth = query.shape[-1]
+  query = jnp.swapaxes(query / jnp.sqrt(depth).astype(query.dtype), 1, 2)  # [batch, heads, 1, d]
+  scores = jnp.einsum('bhqd,bhdk->bhqk', query, keys).astype(jnp.float32)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores).astype(values.dtype)
+  return jnp.einsum('bhqk,bhkd->bqhd', weights, values)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head scaled dot-product attention (section 3.2) with a decoding cache.
 
   Written around `nn.dot_product_attention` because flax's MultiHeadDotProductAttention re-projects
   the whole encoder output at every decoding step; here cross-attention keys and values are
-  projected once per sentence and cached, so that a decoding step costs one position.
+  projected once per sentence and cached, so that a decoding step costs one position. The caches
+  hold keys as [batch, heads, depth, length] and values as [batch, heads, length, depth].
   """
 
   config: TransformerConfig
@@ -95,33 +112,42 @@ class MultiHeadAttention(nn.Module):
         dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
     query = project(name='query')(x)
     key_proj, value_proj = project(name='key'), project(name='value')
+    to_cache = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
+    out = None
     if self.cross:
       if cfg.decode and self.has_variable('cache', 'cached_key'):
-        key, value = self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
+        out = cached_attention(query, self.get_variable('cache', 'cached_key'),
+                               self.get_variable('cache', 'cached_value'), mask)
       else:
         key, value = key_proj(memory), value_proj(memory)
         if cfg.decode:  # cache set-up: the encoder output is projected once per sentence
-          self.put_variable('cache', 'cached_key', key)
-          self.put_variable('cache', 'cached_value', value)
+          cached_key, cached_value = to_cache(key, value)
+          self.put_variable('cache', 'cached_key', cached_key)
+          self.put_variable('cache', 'cached_value', cached_value)
     else:
       key, value = key_proj(x), value_proj(x)
       if cfg.decode:
-        cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
-        cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+        cache_key, cache_value = jax.eval_shape(to_cache, key, value)
+        cached_key = self.variable('cache', 'cached_key', jnp.zeros, cache_key.shape, key.dtype)
+        cached_value = self.variable('cache', 'cached_value', jnp.zeros, cache_value.shape,
+                                     value.dtype)
         if decode_index is not None:  # one step: write this position, attend to the prefix
-          start = (0, decode_index, 0, 0)
-          cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, start)
-          cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
-          key, value = cached_key.value, cached_value.value
-          mask = (jnp.arange(key.shape[1]) <= decode_index)[None, None, None, :]
+          key, value = to_cache(key, value)
+          cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
+                                                          (0, 0, 0, decode_index))
+          cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
+                                                            (0, 0, decode_index, 0))
+          prefix = (jnp.arange(cached_key.value.shape[-1]) <= decode_index)[None, None, None, :]
+          out = cached_attention(query, cached_key.value, cached_value.value, prefix)
 
-    dropout_rng = None
-    if not cfg.deterministic and cfg.attention_dropout_rate > 0:
-      dropout_rng = self.make_rng('dropout')
-    out = nn.dot_product_attention(
-        query, key, value, mask=mask, dropout_rng=dropout_rng,
-        dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
-        dtype=cfg.dtype, force_fp32_for_softmax=True)
+    if out is None:
+      dropout_rng = None
+      if not cfg.deterministic and cfg.attention_dropout_rate > 0:
+        dropout_rng = self.make_rng('dropout')
+      out = nn.dot_product_attention(
+          query, key, value, mask=mask, dropout_rng=dropout_rng,
+          dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
+          dtype=cfg.dtype, force_fp32_for_softmax=True)
     return nn.DenseGeneral(
         cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=_dense_init(), name='out')(out)
@@ -314,8 +340,33 @@ class Transformer(nn.Module):
                        target_segment_ids)
 
 
+def resize_cache(cache, length: int):
+  """The decoding cache with room for `length` target positions: the self-attention caches cut
+  or zero-padded at the end (positions past the decoding index are never read)."""
+  def resize(path, x):
+    names = [getattr(k, 'key', None) for k in path]
+    if 'self_attention' not in names:
+      return x
+    axis = 3 if names[-1] == 'cached_key' else 2  # keys [b, h, d, length], values [b, h, length, d]
+    if x.shape[axis] >= length:
+      return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, pad)
+  return jax.tree_util.tree_map_with_path(resize, cache)
+
+
 def parameter_count(config: TransformerConfig) -> int:
   """Number of parameters, from shapes alone (nothing is allocated)."""
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
   return sum(x.size for x in jax.tree_util.tree_leaves(shapes['params']))
+
+
+def parameters_per_token(params) -> tuple[int, int]:
+  """Parameters used per source token (encoder) and per target token (decoder + projection)."""
+  size = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
+  embedding = params['source_embedding']['embedding'].size
+  decoder = size(params['decoder']) + size(params.get('output_projection', {})) + (
+      embedding if 'output_projection' not in params else 0)
+  return size(params['encoder']), decoder

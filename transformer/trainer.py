@@ -20,7 +20,7 @@ from flax import jax_utils
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
-from transformer import bleu, data, metrics, train_step, translate
+from transformer import bleu, data, metrics, model, train_step, translate
 from transformer.checkpoints import Checkpoints, local_copy
 from transformer.files import write_atomically
 
@@ -87,15 +87,6 @@ def _agree(*flags: bool) -> tuple[bool, ...]:
   return tuple(bool(x) for x in multihost_utils.process_allgather(np.array(flags)).any(axis=0))
 
 
-def _parameter_counts(params) -> tuple[int, int]:
-  """Parameters used per source token (encoder) and per target token (decoder + projection)."""
-  size = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
-  embedding = params['source_embedding']['embedding'].size
-  decoder = size(params['decoder']) + size(params.get('output_projection', {})) + (
-      embedding if 'output_projection' not in params else 0)
-  return size(params['encoder']), decoder
-
-
 def train(config: ml_collections.ConfigDict, workdir: str):
   """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
   config_lib.validate(config)
@@ -110,7 +101,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   model_config = config_lib.model_config(config)
   steps = train_step.StepFunctions(config, model_config)
   state = train_step.initial_state(config, model_config)
-  encoder_params, decoder_params = _parameter_counts(state.params)
+  encoder_params, decoder_params = model.parameters_per_token(state.params)
   logging.info('model: %s parameters', f'{encoder_params + decoder_params:,}')
 
   checkpoints = Checkpoints(workdir, config.keep_checkpoints)

@@ -1,0 +1,324 @@
+r"""Our train step and beam search against flax's examples/wmt, timed alternately in one process.
+
+  python -m benchmarks.vs_flax [--repeats=7] [--flax_dir=DIR]
+
+The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
+`pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
+tensorflow and clu at top level for its input pipeline and logging, which are not timed: they and
+its tf.data input_pipeline are stubbed in `sys.modules` rather than installed.
+
+Both models have the size of configs/multi30k.py (d_model 256, d_ff 1024, 4 heads, 3 + 3 layers,
+8000-token shared vocabulary tied to the output, dropout 0.1, no attention dropout, float32).
+Both run on the same random batches: each side of each row has a length drawn uniformly from
+[L/2, L], so about 75% of the slots are real tokens, as in the length buckets of Multi30k. Each
+repeat times one side then the other (the order alternating), and the figures are medians.
+
+- train: one pmapped training step (forward, backward, Adam), each side's own `train_step`.
+- beam: beam search, beam 4, alpha 0.6, on 64 sentences of 24 tokens, decoded to the length
+  limit (source + 50 tokens) by both: the EOS row of each side's embedding is zeroed, so EOS is
+  never a top candidate, and our search reports how many steps it ran. Flax's time includes its
+  cache set-up (`initialize_cache`), as in its own translate loop.
+
+Also measured in the same run: this machine's jitted float32 matmul peak, and each side's model
+FLOP/s (2 FLOPs per parameter and real token forward, 6 with the backward pass; the same count
+for both sides). Writes benchmarks/results/vs_flax.{json,md}.
+"""
+
+import functools
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import types
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from flax import jax_utils
+
+from configs import multi30k
+from transformer import config as config_lib
+from transformer import decode, model, train_step
+from transformer.files import write_atomically
+
+_FLAX_DIR = flags.DEFINE_string(
+    'flax_dir', os.path.join(os.path.expanduser('~'), '.cache', 'transformer-nmt',
+                             f'flax-{flax.__version__}-examples-wmt'),
+    'Where flax examples/wmt is (fetched from the flax sdist if absent).')
+_REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed repeats per side (medians are reported).')
+_TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
+                                  'Training batches, rows x length.')
+_BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24', 'Beam search batch, sentences x length.')
+_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                              'Where vs_flax.json and vs_flax.md go.')
+
+BEAM_SIZE, ALPHA, EXTRA_LENGTH = 4, 0.6, 50
+FLAX_FILES = ('models.py', 'decode.py', 'train.py', 'bleu.py')
+
+
+def fetch_flax_examples(directory: str) -> str:
+  """examples/wmt of the installed flax version's sdist, extracted once into `directory`."""
+  if all(os.path.exists(os.path.join(directory, f)) for f in FLAX_FILES):
+    return directory
+  with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run([sys.executable, '-m', 'pip', 'download', f'flax=={flax.__version__}',
+                    '--no-deps', '--no-binary', ':all:', '--quiet', '-d', tmp], check=True)
+    (sdist,) = [f for f in os.listdir(tmp) if f.endswith('.tar.gz')]
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(directory)))
+    with tarfile.open(os.path.join(tmp, sdist)) as archive:
+      for member in archive.getmembers():
+        if os.path.basename(member.name) in FLAX_FILES and '/examples/wmt/' in member.name:
+          with archive.extractfile(member) as src, open(
+              os.path.join(staging, os.path.basename(member.name)), 'wb') as dst:
+            dst.write(src.read())
+    os.replace(staging, directory)
+  return directory
+
+
+def import_flax_wmt(directory: str):
+  """(models, decode, train) modules of flax examples/wmt, tensorflow and clu stubbed."""
+  importlib.import_module('flax.training.checkpoints')  # decides on tensorflow before the stub
+  # Its tf.data input pipeline is not timed, so it is stubbed with the modules it needs.
+  for name in ('tensorflow', 'clu', 'clu.metric_writers', 'clu.periodic_actions',
+               'input_pipeline'):
+    sys.modules.setdefault(name, types.ModuleType(name))
+  sys.modules['tensorflow'].data = types.SimpleNamespace(Dataset=object)  # in annotations
+  modules = {}
+  sys.path.insert(0, directory)
+  try:
+    # train.py imports its siblings by their bare names; load it under a name of its own.
+    for name in ('models', 'decode'):
+      modules[name] = importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location('flax_wmt_train',
+                                                  os.path.join(directory, 'train.py'))
+    modules['train'] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(modules['train'])
+  finally:
+    sys.path.remove(directory)
+  return modules['models'], modules['decode'], modules['train']
+
+
+def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: int) -> dict:
+  """Sources and targets: random words, lengths uniform in [length/2, length], EOS, 0-padded."""
+  batch = {}
+  for side in ('sources', 'targets'):
+    tokens = rng.integers(3, vocab_size, (rows, length), dtype=np.int32)
+    lengths = rng.integers(length // 2, length + 1, rows)
+    tokens[np.arange(rows), lengths - 1] = decode.EOS_ID
+    batch[side] = np.where(np.arange(length) < lengths[:, None], tokens, 0).astype(np.int32)
+  return batch
+
+
+def timed(fn, repeats: int) -> float:
+  """Seconds per call of `fn()` (which waits for its result), the median of `repeats` calls."""
+  times = []
+  for _ in range(repeats):
+    began = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - began)
+  return statistics.median(times)
+
+
+def alternate(sides: dict, repeats: int) -> dict:
+  """{side: median seconds}, each side run once per round, the order reversed every round."""
+  times = {name: [] for name in sides}
+  names = list(sides)
+  for round_ in range(repeats):
+    for name in names if round_ % 2 == 0 else names[::-1]:
+      times[name].append(timed(sides[name], 1))
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def matmul_peak(repeats: int) -> dict:
+  """Best float32 FLOP/s of a jitted square matmul over a few sizes."""
+  best = {'flops_per_sec': 0.0}
+  for n in (512, 1024, 2048):
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, a).block_until_ready()
+    secs = timed(lambda: matmul(a, a).block_until_ready(), repeats)
+    if 2 * n**3 / secs > best['flops_per_sec']:
+      best = {'flops_per_sec': 2 * n**3 / secs, 'size': n}
+  return best
+
+
+class Ours:
+  """Our model and steps at configs/multi30k.py's size."""
+
+  def __init__(self):
+    self.config = multi30k.get_config()
+    config_lib.validate(self.config)
+    self.model_config = config_lib.model_config(self.config)
+    self.steps = train_step.StepFunctions(self.config, self.model_config)
+    self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config))
+    self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
+    self.parameters = model.parameters_per_token(jax_utils.unreplicate(self.state.params))
+
+  def train(self, batch):
+    self.state, metrics = self.p_train_step(self.state, batch)
+    jax.block_until_ready(metrics)
+
+  def beam_params(self):
+    params = jax_utils.unreplicate(self.state.params)
+    table = params['source_embedding']['embedding']
+    return {**params, 'source_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
+
+  def beam_search(self, params, sources):
+    tokens, _, steps = decode.beam_search(self.model_config, params, sources, beam_size=BEAM_SIZE,
+                                          alpha=ALPHA, extra_length=EXTRA_LENGTH)
+    return jax.block_until_ready(tokens), int(steps)
+
+
+class Flax:
+  """flax examples/wmt at the same size, run as its train.py runs it."""
+
+  def __init__(self, directory: str, ours: Ours):
+    self.models, self.decode, self.train_module = import_flax_wmt(directory)
+    m = ours.model_config
+    self.model_config = self.models.TransformerConfig(
+        vocab_size=m.vocab_size, output_vocab_size=m.vocab_size, share_embeddings=True,
+        logits_via_embedding=True, dtype=jnp.float32, emb_dim=m.d_model, num_heads=m.num_heads,
+        num_layers=m.num_encoder_layers, qkv_dim=m.d_model, mlp_dim=m.d_ff,
+        max_len=512, dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
+        deterministic=False, decode=False)
+    learning_rate = self.train_module.create_learning_rate_schedule(2e-3, 1000)
+    tokens = jnp.ones((1, 8), jnp.float32)
+    params = jax.jit(self.models.Transformer(self.model_config.replace(deterministic=True)).init)(
+        jax.random.key(0), tokens, tokens)['params']
+    state = self.train_module.TrainState.create(
+        apply_fn=None, params=params, tx=optax.adamw(learning_rate, b1=0.9, b2=0.98, eps=1e-9,
+                                                     weight_decay=0.0), dynamic_scale=None)
+    self.state = jax_utils.replicate(state)
+    self.p_train_step = jax.pmap(
+        functools.partial(self.train_module.train_step, config=self.model_config,
+                          learning_rate_fn=learning_rate, label_smoothing=0.1),
+        axis_name='batch', donate_argnums=(0,))
+    self.dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
+    self.predict_config = self.model_config.replace(deterministic=True, decode=True)
+
+  def train(self, batch):
+    flax_batch = {'inputs': batch['sources'], 'targets': batch['targets']}
+    self.state, metrics = self.p_train_step(self.state, flax_batch,
+                                            dropout_rng=self.dropout_rngs)
+    jax.block_until_ready(metrics)
+
+  def beam_params(self):
+    params = jax_utils.unreplicate(self.state.params)
+    table = params['shared_embedding']['embedding']
+    return {**params, 'shared_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
+
+  @functools.partial(jax.jit, static_argnums=(0, 3))
+  def _predict(self, params, sources, max_decode_len):
+    cache = self.train_module.initialize_cache(sources, max_decode_len, self.predict_config)
+    return self.train_module.predict_step(sources, params, cache, decode.EOS_ID, max_decode_len,
+                                          self.predict_config, beam_size=BEAM_SIZE)
+
+  def beam_search(self, params, sources):
+    # Flax counts the start symbol in max_decode_len: +1 gives as many steps as ours.
+    return jax.block_until_ready(self._predict(params, sources,
+                                               sources.shape[1] + EXTRA_LENGTH + 1))
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+  rows, length = text.split('x')
+  return int(rows), int(length)
+
+
+def main(argv):
+  del argv
+  repeats = _REPEATS.value
+  rng = np.random.default_rng(0)
+  ours = Ours()
+  reference = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
+  encoder_params, decoder_params = ours.parameters
+  peak = matmul_peak(repeats)
+  results = {
+      'machine': {'cpu': platform.processor() or platform.machine(), 'cores': os.cpu_count(),
+                  'devices': jax.local_device_count(), 'jax': jax.__version__,
+                  'flax': flax.__version__},
+      'matmul_peak_flops_per_sec': peak['flops_per_sec'], 'matmul_peak_size': peak['size'],
+      'repeats': repeats, 'train': [], 'beam': {}}
+
+  for shape in map(parse_shape, _TRAIN_SHAPES.value):
+    batch = random_batch(rng, *shape, ours.model_config.vocab_size)
+    sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
+    sides = {'ours': functools.partial(ours.train, sharded),
+             'flax': functools.partial(reference.train, sharded)}
+    for fn in sides.values():  # compile, and a first step off the clock
+      fn()
+      fn()
+    secs = alternate(sides, repeats)
+    flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
+                 decoder_params * (batch['targets'] > 0).sum())
+    results['train'].append({
+        'shape': 'x'.join(map(str, shape)),
+        'real_token_fraction': float((batch['targets'] > 0).mean()),
+        'ours_secs': secs['ours'], 'flax_secs': secs['flax'],
+        'speedup': secs['flax'] / secs['ours'],
+        'ours_model_flops_per_sec': flops / secs['ours'],
+        'flax_model_flops_per_sec': flops / secs['flax']})
+
+  sentences, length = parse_shape(_BEAM_SHAPE.value)
+  sources = jnp.asarray(rng.integers(3, ours.model_config.vocab_size, (sentences, length)),
+                        jnp.int32).at[:, -1].set(decode.EOS_ID)
+  our_params, flax_params = ours.beam_params(), reference.beam_params()
+  _, steps = ours.beam_search(our_params, sources)
+  flax_tokens = np.asarray(reference.beam_search(flax_params, sources))
+  limit = length + EXTRA_LENGTH
+  if steps != limit or (flax_tokens == decode.EOS_ID).any():
+    raise RuntimeError(f'a search stopped early (ours after {steps} of {limit} steps): the two '
+                       'sides would not decode as many tokens')
+  secs = alternate({'ours': lambda: ours.beam_search(our_params, sources),
+                    'flax': lambda: reference.beam_search(flax_params, sources)}, repeats)
+  flops = 2 * (encoder_params * sources.size + decoder_params * sentences * BEAM_SIZE * limit)
+  results['beam'] = {
+      'shape': _BEAM_SHAPE.value, 'beam_size': BEAM_SIZE, 'steps': limit,
+      'ours_secs': secs['ours'], 'flax_secs': secs['flax'],
+      'speedup': secs['flax'] / secs['ours'],
+      'ours_model_flops_per_sec': flops / secs['ours'],
+      'flax_model_flops_per_sec': flops / secs['flax']}
+
+  table = markdown(results)
+  print(table)
+  os.makedirs(_OUTPUT.value, exist_ok=True)
+  write_atomically(os.path.join(_OUTPUT.value, 'vs_flax.json'),
+                   json.dumps(results, indent=2) + '\n')
+  write_atomically(os.path.join(_OUTPUT.value, 'vs_flax.md'), table)
+
+
+def markdown(results: dict) -> str:
+  peak = results['matmul_peak_flops_per_sec']
+  tflops = lambda x: f'{x / 1e12:.3f} ({100 * x / peak:.0f}%)'
+  lines = [
+      f'Medians of {results["repeats"]} alternating repeats on {results["machine"]["cores"]} '
+      f'cores ({results["machine"]["cpu"]}), jax {results["machine"]["jax"]}, flax '
+      f'{results["machine"]["flax"]}; float32 matmul peak {peak / 1e12:.3f} TFLOP/s '
+      f'({results["matmul_peak_size"]}^2). Model TFLOP/s in brackets: % of that peak.',
+      '',
+      '| step | batch | ours (s) | flax examples/wmt (s) | flax / ours | ours TFLOP/s | '
+      'flax TFLOP/s |',
+      '| --- | --- | --- | --- | --- | --- | --- |']
+  for row in results['train']:
+    lines.append(f'| train | {row["shape"]} | {row["ours_secs"]:.3f} | {row["flax_secs"]:.3f} | '
+                 f'{row["speedup"]:.2f}x | {tflops(row["ours_model_flops_per_sec"])} | '
+                 f'{tflops(row["flax_model_flops_per_sec"])} |')
+  beam = results['beam']
+  lines.append(f'| beam {beam["beam_size"]}, {beam["steps"]} steps | {beam["shape"]} | '
+               f'{beam["ours_secs"]:.3f} | {beam["flax_secs"]:.3f} | {beam["speedup"]:.2f}x | '
+               f'{tflops(beam["ours_model_flops_per_sec"])} | '
+               f'{tflops(beam["flax_model_flops_per_sec"])} |')
+  return '\n'.join(lines) + '\n'
+
+
+if __name__ == '__main__':
+  app.run(main)
