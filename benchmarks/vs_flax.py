@@ -28,13 +28,11 @@ import functools
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import types
 
 import flax
@@ -45,6 +43,7 @@ import optax
 from absl import app, flags
 from flax import jax_utils
 
+from benchmarks.measure import machine, matmul_peak, timed
 from configs import multi30k
 from transformer import config as config_lib
 from transformer import decode, model, train_step
@@ -119,16 +118,6 @@ def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: i
   return batch
 
 
-def timed(fn, repeats: int) -> float:
-  """Seconds per call of `fn()` (which waits for its result), the median of `repeats` calls."""
-  times = []
-  for _ in range(repeats):
-    began = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - began)
-  return statistics.median(times)
-
-
 def alternate(sides: dict, repeats: int) -> dict:
   """{side: median seconds}, each side run once per round, the order reversed every round."""
   times = {name: [] for name in sides}
@@ -137,19 +126,6 @@ def alternate(sides: dict, repeats: int) -> dict:
     for name in names if round_ % 2 == 0 else names[::-1]:
       times[name].append(timed(sides[name], 1))
   return {name: statistics.median(t) for name, t in times.items()}
-
-
-def matmul_peak(repeats: int) -> dict:
-  """Best float32 FLOP/s of a jitted square matmul over a few sizes."""
-  best = {'flops_per_sec': 0.0}
-  for n in (512, 1024, 2048):
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
-    matmul(a, a).block_until_ready()
-    secs = timed(lambda: matmul(a, a).block_until_ready(), repeats)
-    if 2 * n**3 / secs > best['flops_per_sec']:
-      best = {'flops_per_sec': 2 * n**3 / secs, 'size': n}
-  return best
 
 
 class Ours:
@@ -243,9 +219,7 @@ def main(argv):
   encoder_params, decoder_params = ours.parameters
   peak = matmul_peak(repeats)
   results = {
-      'machine': {'cpu': platform.processor() or platform.machine(), 'cores': os.cpu_count(),
-                  'devices': jax.local_device_count(), 'jax': jax.__version__,
-                  'flax': flax.__version__},
+      'machine': machine(),
       'matmul_peak_flops_per_sec': peak['flops_per_sec'], 'matmul_peak_size': peak['size'],
       'repeats': repeats, 'train': [], 'beam': {}}
 

@@ -10,7 +10,6 @@ length penalty, early stop) and reorders the cache with one gather per step.
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 

@@ -1,0 +1,45 @@
+"""What the speed benchmarks share: timing, the machine's description and its matmul peak."""
+
+import os
+import platform
+import statistics
+import time
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def timed(fn, repeats: int) -> float:
+  """Seconds per call of `fn()` (which waits for its result), the median of `repeats` calls."""
+  times = []
+  for _ in range(repeats):
+    began = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - began)
+  return statistics.median(times)
+
+
+def machine() -> dict:
+  """CPU model, cores and library versions."""
+  cpu = platform.processor() or platform.machine()
+  if os.path.exists('/proc/cpuinfo'):
+    with open('/proc/cpuinfo') as f:
+      cpu = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')),
+                 cpu)
+  return {'cpu': cpu, 'cores': os.cpu_count(), 'devices': jax.local_device_count(),
+          'jax': jax.__version__, 'flax': flax.__version__}
+
+
+def matmul_peak(repeats: int) -> dict:
+  """Best float32 FLOP/s of a jitted square matmul over a few sizes."""
+  best = {'flops_per_sec': 0.0}
+  for n in (512, 1024, 2048):
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, a).block_until_ready()
+    secs = timed(lambda: matmul(a, a).block_until_ready(), repeats)
+    if 2 * n**3 / secs > best['flops_per_sec']:
+      best = {'flops_per_sec': 2 * n**3 / secs, 'size': n}
+  return best
