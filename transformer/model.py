@@ -127,10 +127,11 @@ class MultiHeadAttention(nn.Module):
     else:
       key, value = key_proj(x), value_proj(x)
       if cfg.decode:
-        cache_key, cache_value = jax.eval_shape(to_cache, key, value)
-        cached_key = self.variable('cache', 'cached_key', jnp.zeros, cache_key.shape, key.dtype)
-        cached_value = self.variable('cache', 'cached_value', jnp.zeros, cache_value.shape,
-                                     value.dtype)
+        batch, length, heads, depth = key.shape
+        cached_key = self.variable('cache', 'cached_key', jnp.zeros,
+                                   (batch, heads, depth, length), key.dtype)
+        cached_value = self.variable('cache', 'cached_value', jnp.zeros,
+                                     (batch, heads, length, depth), value.dtype)
         if decode_index is not None:  # one step: write this position, attend to the prefix
           key, value = to_cache(key, value)
           cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
