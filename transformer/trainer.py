@@ -87,102 +87,120 @@ def _agree(*flags: bool) -> tuple[bool, ...]:
   return tuple(bool(x) for x in multihost_utils.process_allgather(np.array(flags)).any(axis=0))
 
 
-def train(config: ml_collections.ConfigDict, workdir: str):
-  """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
-  config_lib.validate(config)
-  os.makedirs(workdir, exist_ok=True)
-  check_and_write_config(config, workdir)
-  is_main = jax.process_index() == 0
-  local_devices = jax.local_device_count()
-  logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
-               jax.process_count(), local_devices, jax.device_count())
-
-  vocab = data.load_or_train_vocabulary(config, workdir)
-  model_config = config_lib.model_config(config)
-  steps = train_step.StepFunctions(config, model_config)
-  state = train_step.initial_state(config, model_config)
-  encoder_params, decoder_params = model.parameters_per_token(state.params)
-  logging.info('model: %s parameters', f'{encoder_params + decoder_params:,}')
-
-  checkpoints = Checkpoints(workdir, config.keep_checkpoints)
-  start_step, data_position = 0, 0
+def _restore(checkpoints: Checkpoints, state: train_step.TrainState):
+  """The latest checkpoint's state and data position; `state` and 0 when there is none."""
   latest = checkpoints.latest_step()
-  if latest is not None:
-    tree, meta = checkpoints.restore(latest, {'params': state.params,
-                                              'opt_state': state.opt_state})
-    state = state.replace(step=meta['step'], **tree)
-    start_step, data_position = meta['step'], meta['data_position']
-    logging.info('resumed from step %d (data position %d)', start_step, data_position)
-    if meta.get('data_shards') != jax.device_count():
-      # The data is sharded by device: another device count gives other batches.
-      logging.warning('checkpoint %d was written on %s devices, this run has %d: the resumed '
-                      'run sees other batches than an uninterrupted one would', start_step,
-                      meta.get('data_shards', 'an unrecorded number of'), jax.device_count())
-  state = jax_utils.replicate(state)
+  if latest is None:
+    return state, 0
+  tree, meta = checkpoints.restore(latest, {'params': state.params, 'opt_state': state.opt_state})
+  logging.info('resumed from step %d (data position %d)', meta['step'], meta['data_position'])
+  if meta.get('data_shards') != jax.device_count():
+    # The data is sharded by device: another device count gives other batches.
+    logging.warning('checkpoint %d was written on %s devices, this run has %d: the resumed run '
+                    'sees other batches than an uninterrupted one would', meta['step'],
+                    meta.get('data_shards', 'an unrecorded number of'), jax.device_count())
+  return state.replace(step=meta['step'], **tree), meta['data_position']
 
-  p_train_step = jax.pmap(steps.train_step, train_step.AXIS, donate_argnums=(0,))
+
+def _optimizer_step(steps: train_step.StepFunctions, grad_accum_steps: int):
+  """(replicated state, batch iterator) -> (state, metrics): one update, pmapped, over
+  `grad_accum_steps` micro-batches."""
+  if grad_accum_steps == 1:
+    p_train_step = jax.pmap(steps.train_step, train_step.AXIS, donate_argnums=(0,))
+    return lambda state, batches: p_train_step(state, next(batches))
+
   p_gradients = jax.pmap(steps.gradients, train_step.AXIS)
   p_accumulate = jax.pmap(steps.accumulate, train_step.AXIS, donate_argnums=(3,))
   p_apply = jax.pmap(steps.apply_gradients, train_step.AXIS, donate_argnums=(0,))
-  p_eval = jax.pmap(steps.eval_step, train_step.AXIS)
-  micro_steps = [np.full(local_devices, i, np.int32) for i in range(config.grad_accum_steps)]
+  micro_steps = [np.full(jax.local_device_count(), i, np.int32) for i in range(grad_accum_steps)]
 
-  shard = dict(process_index=jax.process_index(), process_count=jax.process_count(),
-               num_devices=local_devices)
-  batches = data.train_batches(config, vocab, start_position=data_position, **shard)
-  writer = metrics.MetricsWriter(workdir, enabled=is_main)
-  preemption = _Preemption()
+  def accumulate_and_apply(state, batches):
+    accumulated = p_gradients(state, next(batches), micro_steps[0])
+    for micro_step in micro_steps[1:]:
+      accumulated = p_accumulate(state, next(batches), micro_step, accumulated)
+    return p_apply(state, *accumulated)
 
-  eval_data = {}  # split -> its batches (loss) or texts (BLEU), read and tokenized once
+  return accumulate_and_apply
 
-  def evaluate(step: int, split: str):
-    if split not in eval_data:
-      eval_data[split] = list(data.eval_batches(config, vocab, split, **shard))
-    sums = [p_eval(state.params, batch) for batch in eval_data[split]]
+
+class _Evaluator:
+  """Validation loss and BLEU at given parameters; each split is read and tokenized once."""
+
+  def __init__(self, config, vocab, steps: train_step.StepFunctions, shard: dict,
+               writer: metrics.MetricsWriter):
+    self.config, self.vocab, self.shard, self.writer = config, vocab, shard, writer
+    self.p_eval = jax.pmap(steps.eval_step, train_step.AXIS)
+    self.translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
+    self.batches = {}  # split -> its loss batches
+    self.texts = {}  # split -> (sources, references)
+
+  def loss(self, params, step: int, split: str):
+    if split not in self.batches:
+      self.batches[split] = list(data.eval_batches(self.config, self.vocab, split, **self.shard))
+    sums = [self.p_eval(params, batch) for batch in self.batches[split]]
     summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
                                  for s in jax.device_get(sums)])
     values = {k: summary[k] for k in ('loss', 'nll', 'perplexity', 'accuracy')}
     logging.info('%s at step %d: loss %.4f | nll %.4f | ppl %.2f | acc %.1f%%', split, step,
                  values['loss'], values['nll'], values['perplexity'], 100 * values['accuracy'])
-    writer.write(step, values, split=split)
+    self.writer.write(step, values, split=split)
 
-  translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
-
-  def score_bleu(step: int, split: str):
-    """Translates `split` with the current parameters; logs both BLEUs and a few examples."""
-    if ('texts', split) not in eval_data:
+  def bleu(self, params, step: int, split: str):
+    """Translates `split`; logs both BLEUs and a few examples."""
+    if split not in self.texts:
       try:
-        eval_data['texts', split] = data.split_texts(config, split)
+        self.texts[split] = data.split_texts(self.config, split)
       except data.DataError as error:
         logging.warning('no BLEU on %s: %s', split, error)
         return
-    sources, references = eval_data['texts', split]
-    hypotheses = translator.translate(state.params, sources)
-    values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, config.target_lang)[0],
-              'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang)}
+    sources, references = self.texts[split]
+    hypotheses = self.translator.translate(params, sources)
+    language = self.config.target_lang
+    values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, language)[0],
+              'bleu_paper': bleu.paper_bleu(hypotheses, references, language)}
     logging.info('%s BLEU at step %d: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', split,
                  step, values['sacrebleu'], values['bleu_paper'], len(sources))
     for source, reference, hypothesis in list(zip(sources, references, hypotheses))[:3]:
       logging.info('  source:      %s\n  reference:   %s\n  translation: %s', source, reference,
                    hypothesis)
-    writer.write(step, values, split=split)
+    self.writer.write(step, values, split=split)
 
-  def fetch_finite(step: int, pending: list) -> list[dict]:
+
+class _TrainLog:
+  """Collects the steps' metrics on device and turns them into rates at each log step.
+
+  The clock restarts after evaluation and checkpointing so step times leave them out.
+  """
+
+  def __init__(self, config, parameters_per_token: tuple[int, int], checkpoints: Checkpoints,
+               writer: metrics.MetricsWriter):
+    self.total_steps, self.checkpoints, self.writer = config.num_train_steps, checkpoints, writer
+    self.encoder_params, self.decoder_params = parameters_per_token
+    self.pending = []
+    self.restart_clock()
+
+  def restart_clock(self):
+    self.since = time.time()
+
+  def add(self, step_metrics):
+    self.pending.append(step_metrics)
+
+  def check_finite(self, step: int) -> list[dict]:
     """The pending steps' metrics on the host; stops at the first non-finite loss."""
     step_metrics = [jax.tree_util.tree_map(lambda x: float(x[0]), m)
-                    for m in jax.device_get(pending)]
+                    for m in jax.device_get(self.pending)]
     for offset, m in enumerate(step_metrics):
       if not m['finite']:
         bad_step = step - len(step_metrics) + offset + 1
         raise TrainingError(
             f'the loss is {m["loss"]} at step {bad_step}: training stopped; the latest '
-            f'checkpoint (step {checkpoints.latest_step()}) holds the last good parameters. '
+            f'checkpoint (step {self.checkpoints.latest_step()}) holds the last good parameters. '
             'Lower the learning rate (config.lr_scale) or enable config.grad_clip_norm.')
     return step_metrics
 
-  def log_train_metrics(step: int, pending: list, since: float):
-    step_metrics = fetch_finite(step, pending)  # waits for the steps to finish computing
-    elapsed = time.time() - since
+  def write(self, step: int):
+    step_metrics = self.check_finite(step)  # waits for the steps to finish computing
+    elapsed = time.time() - self.since
     values = metrics.summarize(step_metrics)
     values.update(
         learning_rate=step_metrics[-1]['learning_rate'],
@@ -190,57 +208,78 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         step_secs=elapsed / len(step_metrics),
         target_tokens_per_sec=values['target_tokens'] / elapsed,
         # Matrix multiplies only (forward + backward = 6 FLOPs per parameter and token).
-        model_flops_per_sec=6 * (encoder_params * values['source_tokens'] +
-                                 decoder_params * values['target_tokens']) / elapsed)
-    values['eta_secs'] = values['step_secs'] * (config.num_train_steps - step)
-    if is_main:
-      logging.info('%s', metrics.log_line(step, config.num_train_steps, values))
-    writer.write(step, values)
+        model_flops_per_sec=6 * (self.encoder_params * values['source_tokens'] +
+                                 self.decoder_params * values['target_tokens']) / elapsed)
+    values['eta_secs'] = values['step_secs'] * (self.total_steps - step)
+    if self.writer.enabled:
+      logging.info('%s', metrics.log_line(step, self.total_steps, values))
+    self.writer.write(step, values)
+    self.pending = []
+    self.restart_clock()
 
-  def every(step: int, interval: int) -> bool:
-    return interval > 0 and step % interval == 0
 
-  pending, interval_start, last_save = [], time.time(), time.time()
+def _every(step: int, interval: int) -> bool:
+  return interval > 0 and step % interval == 0
+
+
+def train(config: ml_collections.ConfigDict, workdir: str):
+  """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
+  config_lib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  check_and_write_config(config, workdir)
+  logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+
+  vocab = data.load_or_train_vocabulary(config, workdir)
+  model_config = config_lib.model_config(config)
+  steps = train_step.StepFunctions(config, model_config)
+  state = train_step.initial_state(config, model_config)
+  parameters_per_token = model.parameters_per_token(state.params)
+  logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
+  checkpoints = Checkpoints(workdir, config.keep_checkpoints)
+  state, data_position = _restore(checkpoints, state)
+  start_step = int(state.step)
+  state = jax_utils.replicate(state)
+
+  shard = dict(process_index=jax.process_index(), process_count=jax.process_count(),
+               num_devices=jax.local_device_count())
+  batches = data.train_batches(config, vocab, start_position=data_position, **shard)
+  optimizer_step = _optimizer_step(steps, config.grad_accum_steps)
+  writer = metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+  evaluator = _Evaluator(config, vocab, steps, shard, writer)
+  log = _TrainLog(config, parameters_per_token, checkpoints, writer)
+  preemption, last_save = _Preemption(), time.time()
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
-      micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
-      if config.grad_accum_steps == 1:
-        state, step_metrics = p_train_step(state, micro_batches[0])
-      else:
-        accumulated = p_gradients(state, micro_batches[0], micro_steps[0])
-        for i in range(1, config.grad_accum_steps):
-          accumulated = p_accumulate(state, micro_batches[i], micro_steps[i], accumulated)
-        state, step_metrics = p_apply(state, *accumulated)
-      pending.append(step_metrics)
-
+      state, step_metrics = optimizer_step(state, batches)
+      log.add(step_metrics)
       secs_due = (config.checkpoint_every_secs > 0 and
                   time.time() - last_save >= config.checkpoint_every_secs)
       preempted, secs_due = _agree(preemption.received, secs_due)
-      save_now = (step == config.num_train_steps or preempted or secs_due or
-                  every(step, config.checkpoint_every_steps))
-      if every(step, config.log_every_steps) or step == config.num_train_steps:
-        log_train_metrics(step, pending, interval_start)
-        pending, interval_start = [], time.time()
+      last = step == config.num_train_steps
+      save_now = last or preempted or secs_due or _every(step, config.checkpoint_every_steps)
+      if last or _every(step, config.log_every_steps):
+        log.write(step)
       elif save_now:
-        fetch_finite(step, pending)  # nothing non-finite may reach a checkpoint
-      if every(step, config.eval_every_steps):
-        evaluate(step, 'validation')
-        interval_start = time.time()  # step times leave evaluation out
-      if every(step, config.bleu_every_steps):
-        score_bleu(step, 'validation')
-        interval_start = time.time()
+        log.check_finite(step)  # nothing non-finite may reach a checkpoint
+      if _every(step, config.eval_every_steps):
+        evaluator.loss(state.params, step, 'validation')
+        log.restart_clock()
+      if _every(step, config.bleu_every_steps):
+        evaluator.bleu(state.params, step, 'validation')
+        log.restart_clock()
       if save_now:
-        checkpoints.save(step, local_copy({'params': state.params,
-                                           'opt_state': state.opt_state}),
+        checkpoints.save(step, local_copy({'params': state.params, 'opt_state': state.opt_state}),
                          {'step': step, 'data_position': batches.position,
                           'data_shards': jax.device_count()})
-        last_save = interval_start = time.time()
+        last_save = time.time()
+        log.restart_clock()
       if preempted:
         logging.info('SIGTERM: saved a checkpoint at step %d; stopping', step)
         break
     else:
       if start_step < config.num_train_steps:
-        score_bleu(config.num_train_steps, 'test')
+        evaluator.bleu(state.params, config.num_train_steps, 'test')
   finally:
     preemption.restore()
     checkpoints.wait()
