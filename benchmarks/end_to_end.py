@@ -1,7 +1,7 @@
 r"""End to end on Multi30k EN->DE: train.py's speed after compilation, then eval.py's on test2016.
 
   python -m benchmarks.end_to_end --manual_dir=../shared/data/multi30k [--label=after]
-      [--checkout=DIR] [--steps=300] [--log_every=50]
+      [--checkout=DIR] [--steps=300] [--log_every=50] [--override=packing=True ...]
 
 Runs `train.py --config=configs/multi30k.py` for --steps steps (no evaluation or checkpoint on the
 way) and reads its metrics.jsonl: real target tokens/s and model FLOP/s (train.py's own count:
@@ -9,7 +9,8 @@ way) and reads its metrics.jsonl: real target tokens/s and model FLOP/s (train.p
 one program per padded length. Then `eval.py` translates test2016 (1000 sentences, beam 4) with
 the last checkpoint and reports sentences/s, its compilation included. The matmul peak of
 benchmarks/measure.py is measured first, in this process, for the ratio. --checkout runs another
-checkout's train.py and eval.py (say, an older commit, for a before/after comparison).
+checkout's train.py and eval.py (say, an older commit, for a before/after comparison);
+--override passes config keys to train.py (say, packing=True, to measure packed batches).
 
 Adds a row under --label to benchmarks/results/end_to_end.{json,md}.
 """
@@ -31,6 +32,8 @@ _CHECKOUT = flags.DEFINE_string('checkout', os.path.dirname(os.path.dirname(__fi
 _LABEL = flags.DEFINE_string('label', 'current', 'Name of this measurement in the results.')
 _STEPS = flags.DEFINE_integer('steps', 300, 'Training steps.')
 _LOG_EVERY = flags.DEFINE_integer('log_every', 50, 'Steps per metrics row.')
+_OVERRIDES = flags.DEFINE_multi_string('override', [],
+                                       'key=value: a config key given to train.py (repeatable).')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where end_to_end.json and end_to_end.md go.')
 
@@ -68,14 +71,15 @@ def main(argv):
         f'--config.manual_dir={manual_dir}', f'--config.tfds_data_dir={tmp}/tfds',
         f'--config.num_train_steps={_STEPS.value}', f'--config.log_every_steps={_LOG_EVERY.value}',
         '--config.eval_every_steps=0', '--config.bleu_every_steps=0',
-        '--config.checkpoint_every_steps=0', '--config.checkpoint_every_secs=0')
+        '--config.checkpoint_every_steps=0', '--config.checkpoint_every_secs=0',
+        *(f'--config.{override}' for override in _OVERRIDES.value))
     result = training_speed(os.path.join(workdir, 'metrics.jsonl'))
     run(checkout, 'eval.py', f'--workdir={workdir}', f'--output_dir={tmp}/eval')
     with open(os.path.join(tmp, 'eval', 'scores.json')) as f:
       scores = json.load(f)
   result.update(
       eval_sentences_per_sec=scores['sentences_per_sec'], eval_sentences=scores['num_sentences'],
-      matmul_peak_flops_per_sec=peak,
+      matmul_peak_flops_per_sec=peak, overrides=_OVERRIDES.value,
       commit=subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=checkout, text=True,
                             capture_output=True).stdout.strip(),
       machine=machine())
@@ -99,12 +103,13 @@ def markdown(results: dict) -> str:
       'on test2016 (beam 4), compilation included. Model FLOP/s in brackets: % of the float32 '
       'matmul peak measured in the same run.',
       '',
-      '| run | commit | train step (s) | real target tokens/s | model TFLOP/s | '
+      '| run | commit | config overrides | train step (s) | real target tokens/s | model TFLOP/s | '
       'eval sentences/s | machine |',
-      '| --- | --- | --- | --- | --- | --- | --- |']
+      '| --- | --- | --- | --- | --- | --- | --- | --- |']
   for label, r in results.items():
     lines.append(
-        f'| {label} | {r["commit"]} | {r["step_secs"]:.3f} | {r["target_tokens_per_sec"]:,.0f} | '
+        f'| {label} | {r["commit"]} | {" ".join(r.get("overrides", [])) or "-"} | '
+        f'{r["step_secs"]:.3f} | {r["target_tokens_per_sec"]:,.0f} | '
         f'{r["model_flops_per_sec"] / 1e12:.3f} '
         f'({100 * r["model_flops_per_sec"] / r["matmul_peak_flops_per_sec"]:.0f}%) | '
         f'{r["eval_sentences_per_sec"]:.1f} | {r["machine"]["cores"]} cores, '

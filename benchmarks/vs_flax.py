@@ -1,6 +1,6 @@
 r"""Our train step and beam search against flax's examples/wmt, timed alternately in one process.
 
-  python -m benchmarks.vs_flax [--repeats=7] [--flax_dir=DIR]
+  python -m benchmarks.vs_flax [--repeats=7] [--flax_dir=DIR] [--ours=CHECKOUT]
 
 The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
 `pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
@@ -21,7 +21,8 @@ repeat times one side then the other (the order alternating), and the figures ar
 
 Also measured in the same run: this machine's jitted float32 matmul peak, and each side's model
 FLOP/s (2 FLOPs per parameter and real token forward, 6 with the backward pass; the same count
-for both sides). Writes benchmarks/results/vs_flax.{json,md}.
+for both sides). Writes benchmarks/results/vs_flax.{json,md}. With --ours, the model and steps
+timed as ours are those of another checkout (see benchmarks/changes.py).
 """
 
 import functools
@@ -44,9 +45,8 @@ from absl import app, flags
 from flax import jax_utils
 
 from benchmarks.measure import machine, matmul_peak, timed
-from configs import multi30k
-from transformer import config as config_lib
-from transformer import decode, model, train_step
+from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
+from transformer import decode
 from transformer.files import write_atomically
 
 _FLAX_DIR = flags.DEFINE_string(
@@ -57,6 +57,8 @@ _REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed repeats per side (medians a
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
                                   'Training batches, rows x length.')
 _BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24', 'Beam search batch, sentences x length.')
+_OURS = flags.DEFINE_string(
+    'ours', '', 'A checkout whose configs/ and transformer/ are timed as ours (default: this one).')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where vs_flax.json and vs_flax.md go.')
 
@@ -107,17 +109,6 @@ def import_flax_wmt(directory: str):
   return modules['models'], modules['decode'], modules['train']
 
 
-def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: int) -> dict:
-  """Sources and targets: random words, lengths uniform in [length/2, length], EOS, 0-padded."""
-  batch = {}
-  for side in ('sources', 'targets'):
-    tokens = rng.integers(3, vocab_size, (rows, length), dtype=np.int32)
-    lengths = rng.integers(length // 2, length + 1, rows)
-    tokens[np.arange(rows), lengths - 1] = decode.EOS_ID
-    batch[side] = np.where(np.arange(length) < lengths[:, None], tokens, 0).astype(np.int32)
-  return batch
-
-
 def alternate(sides: dict, repeats: int) -> dict:
   """{side: median seconds}, each side run once per round, the order reversed every round."""
   times = {name: [] for name in sides}
@@ -126,33 +117,6 @@ def alternate(sides: dict, repeats: int) -> dict:
     for name in names if round_ % 2 == 0 else names[::-1]:
       times[name].append(timed(sides[name], 1))
   return {name: statistics.median(t) for name, t in times.items()}
-
-
-class Ours:
-  """Our model and steps at configs/multi30k.py's size."""
-
-  def __init__(self):
-    self.config = multi30k.get_config()
-    config_lib.validate(self.config)
-    self.model_config = config_lib.model_config(self.config)
-    self.steps = train_step.StepFunctions(self.config, self.model_config)
-    self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config))
-    self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
-    self.parameters = model.parameters_per_token(jax_utils.unreplicate(self.state.params))
-
-  def train(self, batch):
-    self.state, metrics = self.p_train_step(self.state, batch)
-    jax.block_until_ready(metrics)
-
-  def beam_params(self):
-    params = jax_utils.unreplicate(self.state.params)
-    table = params['source_embedding']['embedding']
-    return {**params, 'source_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
-
-  def beam_search(self, params, sources):
-    tokens, _, steps = decode.beam_search(self.model_config, params, sources, beam_size=BEAM_SIZE,
-                                          alpha=ALPHA, extra_length=EXTRA_LENGTH)
-    return jax.block_until_ready(tokens), int(steps)
 
 
 class Flax:
@@ -205,16 +169,11 @@ class Flax:
                                                sources.shape[1] + EXTRA_LENGTH + 1))
 
 
-def parse_shape(text: str) -> tuple[int, int]:
-  rows, length = text.split('x')
-  return int(rows), int(length)
-
-
 def main(argv):
   del argv
   repeats = _REPEATS.value
   rng = np.random.default_rng(0)
-  ours = Ours()
+  ours = Ours(import_ours(_OURS.value))
   reference = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
   encoder_params, decoder_params = ours.parameters
   peak = matmul_peak(repeats)
@@ -246,13 +205,14 @@ def main(argv):
   sources = jnp.asarray(rng.integers(3, ours.model_config.vocab_size, (sentences, length)),
                         jnp.int32).at[:, -1].set(decode.EOS_ID)
   our_params, flax_params = ours.beam_params(), reference.beam_params()
-  _, steps = ours.beam_search(our_params, sources)
+  _, steps = ours.beam_search(our_params, sources, BEAM_SIZE, ALPHA, EXTRA_LENGTH)
   flax_tokens = np.asarray(reference.beam_search(flax_params, sources))
   limit = length + EXTRA_LENGTH
   if steps != limit or (flax_tokens == decode.EOS_ID).any():
     raise RuntimeError(f'a search stopped early (ours after {steps} of {limit} steps): the two '
                        'sides would not decode as many tokens')
-  secs = alternate({'ours': lambda: ours.beam_search(our_params, sources),
+  beam_args = BEAM_SIZE, ALPHA, EXTRA_LENGTH
+  secs = alternate({'ours': lambda: ours.beam_search(our_params, sources, *beam_args),
                     'flax': lambda: reference.beam_search(flax_params, sources)}, repeats)
   flops = 2 * (encoder_params * sources.size + decoder_params * sentences * BEAM_SIZE * limit)
   results['beam'] = {
