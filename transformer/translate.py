@@ -21,6 +21,29 @@ from transformer import config as config_lib
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 
 
+def decode_batches(lengths: list[int], tokens_per_device: int, devices: int):
+  """(sentence indices, rows per device, padded length) of each beam-search call.
+
+  Sentences go shortest first; a call's length is its longest sentence's, rounded up to
+  LENGTH_STEP, and its rows per device are the largest power of two whose tokens fit the budget
+  at that length, so each length compiles one shape. Every call but the last is full.
+  """
+  padded = -(-np.asarray(lengths, np.int64) // LENGTH_STEP) * LENGTH_STEP
+  order = np.argsort(padded, kind='stable')
+  rows_at = lambda length: 2 ** int(np.log2(max(1, tokens_per_device // length)))
+  batches, start = [], 0
+  while start < len(order):
+    length = padded[order[start]]
+    end = min(start + rows_at(length) * devices, len(order))
+    while rows_at(padded[order[end - 1]]) < rows_at(length):  # the longest needs fewer rows
+      length = padded[order[end - 1]]
+      end = min(start + rows_at(length) * devices, len(order))
+    length = max(length, padded[order[end - 1]])
+    batches.append((order[start:end], rows_at(length), int(length)))
+    start = end
+  return batches
+
+
 class Translator:
   """Beam search over all local devices, sentences grouped by length; outputs in input order."""
 
@@ -40,25 +63,18 @@ class Translator:
   def translate(self, params, sentences: list[str]) -> list[str]:
     """Translations of `sentences` with `params` replicated over the local devices."""
     encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
-    order = np.argsort([len(ids) for ids in encoded], kind='stable')
     translations = [''] * len(sentences)
-    padded = lambda i: -(-len(encoded[i]) // LENGTH_STEP) * LENGTH_STEP
-    start = 0
-    while start < len(order):
-      # Rows per device: as many as the budget allows at the chunk's longest (= last) sentence.
-      rows = max(1, self.tokens_per_device // padded(order[start]))
-      while rows > 1 and rows * padded(order[min(start + rows * self.devices, len(order)) - 1]) > (
-          self.tokens_per_device):
-        rows //= 2
-      chunk = order[start:start + rows * self.devices]
-      length = padded(chunk[-1])
-      batch = np.zeros((self.devices * rows, length), np.int32)
-      for row, i in enumerate(chunk):
+    for indices, rows, length in decode_batches([len(ids) for ids in encoded],
+                                                self.tokens_per_device, self.devices):
+      # A short last call is filled with copies of its longest sentence, which finish with it.
+      filled = np.concatenate([indices, np.full(rows * self.devices - len(indices), indices[-1])])
+      batch = np.zeros((len(filled), length), np.int32)
+      for row, i in enumerate(filled):
         batch[row, :len(encoded[i])] = encoded[i]
       outputs = np.asarray(self._search(params, batch.reshape(self.devices, rows, length)))
-      for row, i in enumerate(chunk):
-        translations[i] = self.vocab.decode(outputs.reshape(-1, outputs.shape[-1])[row])
-      start += len(chunk)
+      outputs = outputs.reshape(-1, outputs.shape[-1])
+      for row, i in enumerate(indices):
+        translations[i] = self.vocab.decode(outputs[row])
     return translations
 
 

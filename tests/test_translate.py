@@ -1,0 +1,39 @@
+"""Translator: how sentences are split into beam-search calls, and that the split changes nothing."""
+
+import numpy as np
+import pytest
+from flax import jax_utils
+
+from configs import tiny
+from transformer import config as config_lib
+from transformer import data, train_step, translate
+from transformer.translate import LENGTH_STEP, decode_batches
+
+
+@pytest.mark.parametrize('budget,devices', [(64, 1), (100, 2), (1024, 4), (8, 3)])
+def test_decode_batches_cover_every_sentence_once_in_one_shape_per_length(budget, devices):
+  lengths = np.random.default_rng(budget).integers(1, 60, 500)
+  batches = decode_batches(list(lengths), budget, devices)
+  assert sorted(np.concatenate([indices for indices, _, _ in batches])) == list(range(500))
+  rows_of_length = {}
+  for n, (indices, rows, length) in enumerate(batches):
+    assert rows & (rows - 1) == 0 and (rows * length <= budget or rows == 1)
+    assert length % LENGTH_STEP == 0 and lengths[indices].max() <= length
+    assert len(indices) == rows * devices or n == len(batches) - 1  # only the last call is short
+    assert rows_of_length.setdefault(length, rows) == rows  # one compiled shape per length
+  assert set(rows_of_length) <= set(-(-lengths // LENGTH_STEP) * LENGTH_STEP)
+
+
+def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
+  config = config_lib.validate(tiny.get_config())
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+  params = jax_utils.replicate(
+      train_step.initial_state(config, config_lib.model_config(config)).params)
+  sentences = data.split_texts(config, 'validation')[0][:37]
+  translator = translate.Translator(config, vocab, beam_size=3, alpha=0.6)
+  outputs = {}
+  for budget in (LENGTH_STEP, 4096):  # one sentence per device and call; all in one call
+    translator.tokens_per_device = budget
+    outputs[budget] = translator.translate(params, sentences)
+  assert len(outputs[4096]) == 37 and any(outputs[4096])
+  assert outputs[LENGTH_STEP] == outputs[4096]
