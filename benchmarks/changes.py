@@ -17,7 +17,8 @@ import tempfile
 
 from absl import app, flags
 
-from transformer.files import write_atomically
+from benchmarks.measure import write_results
+
 
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed repeats per side in each vs_flax run.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
@@ -64,10 +65,7 @@ def main(argv):
     rows.append({'commit': git('rev-parse', '--short', 'HEAD') + (' + edits' if dirty else ''),
                  'change': 'this checkout', **vs_flax('', os.path.join(tmp, 'current-results'))})
   table = markdown(rows)
-  print(table)
-  os.makedirs(_OUTPUT.value, exist_ok=True)
-  write_atomically(os.path.join(_OUTPUT.value, 'changes.json'), json.dumps(rows, indent=2) + '\n')
-  write_atomically(os.path.join(_OUTPUT.value, 'changes.md'), table)
+  write_results(_OUTPUT.value, 'changes', rows, table)
 
 
 def markdown(rows: list[dict]) -> str:

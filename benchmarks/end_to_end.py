@@ -24,8 +24,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks.multi30k_setup import MANUAL_DIR
-from benchmarks.measure import machine, matmul_peak
-from transformer.files import write_atomically
+from benchmarks.measure import machine, matmul_peak, write_results
 
 _CHECKOUT = flags.DEFINE_string('checkout', os.path.dirname(os.path.dirname(__file__)),
                                 'The repository checkout whose train.py and eval.py run.')
@@ -91,10 +90,7 @@ def main(argv):
       results = json.load(f)
   results[_LABEL.value] = result
   table = markdown(results)
-  print(table)
-  os.makedirs(_OUTPUT.value, exist_ok=True)
-  write_atomically(path, json.dumps(results, indent=2) + '\n')
-  write_atomically(os.path.join(_OUTPUT.value, 'end_to_end.md'), table)
+  write_results(_OUTPUT.value, 'end_to_end', results, table)
 
 
 def markdown(results: dict) -> str:

@@ -1,5 +1,7 @@
-"""What the speed benchmarks share: timing, the machine's description and its matmul peak."""
+"""What the speed benchmarks share: timing, the machine's description, its matmul peak, and
+writing results."""
 
+import json
 import os
 import platform
 import statistics
@@ -9,6 +11,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from transformer.files import write_atomically
 
 
 def timed(fn, repeats: int) -> float:
@@ -43,3 +47,11 @@ def matmul_peak(repeats: int) -> dict:
     if 2 * n**3 / secs > best['flops_per_sec']:
       best = {'flops_per_sec': 2 * n**3 / secs, 'size': n}
   return best
+
+
+def write_results(directory: str, name: str, results, table: str):
+  """Prints the markdown `table`; writes `<name>.json` and `<name>.md` in `directory`."""
+  print(table)
+  os.makedirs(directory, exist_ok=True)
+  write_atomically(os.path.join(directory, f'{name}.json'), json.dumps(results, indent=2) + '\n')
+  write_atomically(os.path.join(directory, f'{name}.md'), table)

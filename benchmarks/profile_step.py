@@ -25,9 +25,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from benchmarks.measure import machine, matmul_peak
+from benchmarks.measure import machine, matmul_peak, write_results
 from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
-from transformer.files import write_atomically
 
 _SHAPE = flags.DEFINE_string('shape', '128x32', 'Training batch, rows x length.')
 _STEPS = flags.DEFINE_integer('steps', 5, 'Steps traced.')
@@ -130,11 +129,7 @@ def main(argv):
               for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:_TOP.value]],
       'machine': machine()}
   table = markdown(results)
-  print(table)
-  os.makedirs(_OUTPUT.value, exist_ok=True)
-  write_atomically(os.path.join(_OUTPUT.value, 'profile_step.json'),
-                   json.dumps(results, indent=2) + '\n')
-  write_atomically(os.path.join(_OUTPUT.value, 'profile_step.md'), table)
+  write_results(_OUTPUT.value, 'profile_step', results, table)
 
 
 def markdown(r: dict) -> str:

@@ -27,7 +27,6 @@ timed as ours are those of another checkout (see benchmarks/changes.py).
 
 import functools
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
@@ -44,10 +43,9 @@ import optax
 from absl import app, flags
 from flax import jax_utils
 
-from benchmarks.measure import machine, matmul_peak, timed
+from benchmarks.measure import machine, matmul_peak, timed, write_results
 from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
 from transformer import decode
-from transformer.files import write_atomically
 
 _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', os.path.join(os.path.expanduser('~'), '.cache', 'transformer-nmt',
@@ -223,11 +221,7 @@ def main(argv):
       'flax_model_flops_per_sec': flops / secs['flax']}
 
   table = markdown(results)
-  print(table)
-  os.makedirs(_OUTPUT.value, exist_ok=True)
-  write_atomically(os.path.join(_OUTPUT.value, 'vs_flax.json'),
-                   json.dumps(results, indent=2) + '\n')
-  write_atomically(os.path.join(_OUTPUT.value, 'vs_flax.md'), table)
+  write_results(_OUTPUT.value, 'vs_flax', results, table)
 
 
 def markdown(results: dict) -> str:
