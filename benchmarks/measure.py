@@ -49,6 +49,11 @@ def matmul_peak(repeats: int) -> dict:
   return best
 
 
+def tflops(flops_per_sec: float, peak: float) -> str:
+  """'0.123 (45%)': TFLOP/s and the share of the matmul peak."""
+  return f'{flops_per_sec / 1e12:.3f} ({100 * flops_per_sec / peak:.0f}%)'
+
+
 def write_results(directory: str, name: str, results, table: str):
   """Prints the markdown `table`; writes `<name>.json` and `<name>.md` in `directory`."""
   print(table)

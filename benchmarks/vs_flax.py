@@ -43,7 +43,7 @@ import optax
 from absl import app, flags
 from flax import jax_utils
 
-from benchmarks.measure import machine, matmul_peak, timed, write_results
+from benchmarks.measure import machine, matmul_peak, tflops, timed, write_results
 from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
 from transformer import decode
 
@@ -226,7 +226,6 @@ def main(argv):
 
 def markdown(results: dict) -> str:
   peak = results['matmul_peak_flops_per_sec']
-  tflops = lambda x: f'{x / 1e12:.3f} ({100 * x / peak:.0f}%)'
   lines = [
       f'Medians of {results["repeats"]} alternating repeats on {results["machine"]["cores"]} '
       f'cores ({results["machine"]["cpu"]}), jax {results["machine"]["jax"]}, flax '
@@ -238,13 +237,13 @@ def markdown(results: dict) -> str:
       '| --- | --- | --- | --- | --- | --- | --- |']
   for row in results['train']:
     lines.append(f'| train | {row["shape"]} | {row["ours_secs"]:.3f} | {row["flax_secs"]:.3f} | '
-                 f'{row["speedup"]:.2f}x | {tflops(row["ours_model_flops_per_sec"])} | '
-                 f'{tflops(row["flax_model_flops_per_sec"])} |')
+                 f'{row["speedup"]:.2f}x | {tflops(row["ours_model_flops_per_sec"], peak)} | '
+                 f'{tflops(row["flax_model_flops_per_sec"], peak)} |')
   beam = results['beam']
   lines.append(f'| beam {beam["beam_size"]}, {beam["steps"]} steps | {beam["shape"]} | '
                f'{beam["ours_secs"]:.3f} | {beam["flax_secs"]:.3f} | {beam["speedup"]:.2f}x | '
-               f'{tflops(beam["ours_model_flops_per_sec"])} | '
-               f'{tflops(beam["flax_model_flops_per_sec"])} |')
+               f'{tflops(beam["ours_model_flops_per_sec"], peak)} | '
+               f'{tflops(beam["flax_model_flops_per_sec"], peak)} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -20,7 +20,7 @@ def import_ours(checkout: str) -> types.SimpleNamespace:
   of `checkout`, imported in their place."""
   if checkout:
     for name in [n for n in sys.modules if n.split('.')[0] in ('configs', 'transformer')]:
-      del sys.modules[name]  # functions already bound here (write_atomically, ...) stay ours
+      del sys.modules[name]  # modules imported before this (measure, ...) keep their own
     sys.path.insert(0, os.path.abspath(checkout))
   return types.SimpleNamespace(**{
       name.split('.')[-1]: importlib.import_module(name)
