@@ -136,7 +136,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_int(config, 'num_train_steps', 1)
   _check_int(config, 'grad_accum_steps', 1)
   _check_int(config, 'seed', 0)
-  _check_choice(config, 'dropout_rng_impl', ('rbg', 'unsafe_rbg', 'threefry2x32'))
+  _check_choice(config, 'dropout_rng_impl', ('hash', 'rbg', 'unsafe_rbg', 'threefry2x32'))
 
   # Logging and checkpoints (0 = never).
   for key in ('log_every_steps', 'eval_every_steps', 'bleu_every_steps',

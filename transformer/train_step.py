@@ -12,7 +12,7 @@ import ml_collections
 import optax
 from flax.training import train_state
 
-from transformer import optim
+from transformer import hash_rng, optim
 from transformer.model import Transformer, TransformerConfig
 
 AXIS = 'batch'  # the pmapped device axis
@@ -66,7 +66,7 @@ class StepFunctions:
     self.label_smoothing = config.label_smoothing
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
-    self.rng_impl = config.dropout_rng_impl
+    self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl
 
   def gradients(self, state: TrainState, batch, micro_step):
     """Gradients of the loss sum and the token sums of one micro-batch on this device."""

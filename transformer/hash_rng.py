@@ -1,0 +1,46 @@
+"""A counter-based PRNG for dropout masks: each element's bits are a hash of (key, its index).
+
+JAX's generators draw dropout bits at a large share of a CPU training step (XLA's RngBitGenerator
+and threefry expand into loops that neither fuse nor vectorise); these bits are a few integer
+multiplies and shifts per element that XLA fuses into the op consuming them, and they are the same
+on every backend. Keys are threefry's (seeding, `split`, `fold_in`), so only the bits differ.
+"""
+
+import jax
+import jax.extend.random
+import jax.numpy as jnp
+import numpy as np
+
+_THREEFRY = jax.extend.random.threefry_prng_impl
+
+
+def _mix(x: jax.Array) -> jax.Array:
+  """lowbias32 (C. Wellons, hash-prospector): a bijection of uint32 with near-ideal avalanche."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def _bits32(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  size = int(np.prod(shape))
+  if size >= 2**32:
+    raise ValueError(f'hash_rng draws at most 2**32 - 1 values per call, not {size} ({shape})')
+  # The key words are mixed first so that keys close together (seeds 0, 1, ...) start far apart.
+  first = _mix(key[0] ^ jnp.uint32(0x9E3779B9))
+  second = _mix(key[1] + first)
+  index = jax.lax.iota(jnp.uint32, size).reshape(shape)
+  return _mix(_mix(index ^ first) + second)
+
+
+def _random_bits(key: jax.Array, bit_width: int, shape: tuple[int, ...]) -> jax.Array:
+  if bit_width == 64:
+    high, low = _bits32(key, (2, *shape)).astype(jnp.uint64)
+    return (high << 32) | low
+  return _bits32(key, tuple(shape)).astype(jnp.dtype(f'uint{bit_width}'))
+
+
+IMPL = jax.extend.random.define_prng_impl(
+    key_shape=_THREEFRY.key_shape, seed=_THREEFRY.seed, split=_THREEFRY.split,
+    fold_in=_THREEFRY.fold_in, random_bits=_random_bits, name='hash', tag='hsh')
