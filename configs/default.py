@@ -52,6 +52,9 @@ def get_config():
 
   # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   config.label_smoothing = 0.1
+  # Target positions per chunk of the output projection and loss (transformer/loss.py): at most
+  # [chunk, vocab] logits exist at once, and chunks of padding are skipped.
+  config.loss_chunk_tokens = 2048
   config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
   config.lr_scale = 1.0  # 'paper' only
   config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base

@@ -82,7 +82,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f'model.d_model={d_model} must be divisible by it (d_k = d_v = d_model / heads); '
           f'choose a divisor of {d_model}')
   for key in ('model.d_ff', 'model.num_encoder_layers', 'model.num_decoder_layers',
-              'model.max_positions', 'vocab_size'):
+              'model.max_positions', 'vocab_size', 'loss_chunk_tokens'):
     _check_int(config, key, 1)
   for key in ('model.dropout_rate', 'model.attention_dropout_rate', 'model.relu_dropout_rate',
               'label_smoothing'):

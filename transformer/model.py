@@ -335,10 +335,15 @@ class Transformer(nn.Module):
     return self.project_output(y).astype(jnp.float32)
 
   def __call__(self, sources, targets, source_positions=None, source_segment_ids=None,
-               target_positions=None, target_segment_ids=None) -> Array:
+               target_positions=None, target_segment_ids=None, project: bool = True) -> Array:
+    """Logits; with `project=False` the decoder's output [batch, target_len, d_model] instead,
+    for a loss that projects it itself (`loss.projected_token_sums` with `output_table`)."""
     encoded = self.encode(sources, source_positions, source_segment_ids)
-    return self.decode(encoded, sources, targets, target_positions, source_segment_ids,
-                       target_segment_ids)
+    if project:
+      return self.decode(encoded, sources, targets, target_positions, source_segment_ids,
+                         target_segment_ids)
+    return self.decoder(encoded, sources, targets, target_positions, source_segment_ids,
+                        target_segment_ids)
 
 
 def resize_cache(cache, length: int):
@@ -362,6 +367,13 @@ def parameter_count(config: TransformerConfig) -> int:
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
   return sum(x.size for x in jax.tree_util.tree_leaves(shapes['params']))
+
+
+def output_table(params) -> Array:
+  """The pre-softmax projection as a [vocab, d_model] table: logits = output . table^T."""
+  if 'output_projection' in params:
+    return params['output_projection']['kernel'].T
+  return params.get('target_embedding', params['source_embedding'])['embedding']
 
 
 def parameters_per_token(params) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The loss and the data-parallel training and evaluation steps, to be run under `jax.pmap`.
+"""The data-parallel training and evaluation steps, to be run under `jax.pmap`.
 
 Each device computes sums over its own real (non-pad) target tokens; the sums are combined over
 the device axis and, with gradient accumulation, over micro-batches, and only then divided by the
@@ -12,8 +12,8 @@ import ml_collections
 import optax
 from flax.training import train_state
 
-from transformer import hash_rng, optim
-from transformer.model import Transformer, TransformerConfig
+from transformer import hash_rng, loss, optim
+from transformer.model import Transformer, TransformerConfig, output_table
 
 AXIS = 'batch'  # the pmapped device axis
 TrainState = train_state.TrainState
@@ -27,32 +27,10 @@ def initial_state(config: ml_collections.ConfigDict, model_config: TransformerCo
   return TrainState.create(apply_fn=model.apply, params=params, tx=optim.optimizer(config))
 
 
-def token_sums(logits, targets, label_smoothing: float) -> dict:
-  """Sums over real target tokens: label-smoothed loss, NLL, correct predictions and their count.
-
-  Smoothing puts (1 - eps) on the reference token and eps spread evenly over the vocabulary
-  (Szegedy et al., as cited in section 5.4); its cross-entropy is written as
-  (1 - eps) * nll + eps * (logsumexp - mean logit), which avoids a [tokens, vocab] one-hot.
-  """
-  weights = (targets > 0).astype(jnp.float32)
-  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  nll = log_normalizer - target_logits
-  smoothing = log_normalizer - logits.mean(axis=-1)
-  loss = (1.0 - label_smoothing) * nll + label_smoothing * smoothing
-  # The reference has the largest logit: a max (logsumexp takes one anyway) costs less than argmax.
-  correct = (target_logits >= logits.max(axis=-1)).astype(jnp.float32)
-  return {
-      'loss': (loss * weights).sum(),
-      'nll': (nll * weights).sum(),
-      'correct': (correct * weights).sum(),
-      'tokens': weights.sum(),
-  }
-
-
-def _batch_sums(params, batch, model: nn.Module, label_smoothing, rngs=None):
-  logits = model.apply({'params': params}, **batch, rngs=rngs)
-  sums = token_sums(logits, batch['targets'], label_smoothing)
+def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, rngs=None):
+  states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
+  sums = loss.projected_token_sums(states, output_table(params), batch['targets'],
+                                   label_smoothing, chunk, model.config.dtype)
   sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
   return sums
 
@@ -64,6 +42,7 @@ class StepFunctions:
     self.train_model = Transformer(model_config.replace(deterministic=False))
     self.eval_model = Transformer(model_config.replace(deterministic=True))
     self.label_smoothing = config.label_smoothing
+    self.loss_chunk = config.loss_chunk_tokens
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
     self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl
@@ -75,7 +54,8 @@ class StepFunctions:
     rng = jax.random.fold_in(jax.random.fold_in(rng, micro_step), jax.lax.axis_index(AXIS))
 
     def loss_sum(params):
-      sums = _batch_sums(params, batch, self.train_model, self.label_smoothing, {'dropout': rng})
+      sums = _batch_sums(params, batch, self.train_model, self.label_smoothing, self.loss_chunk,
+                         {'dropout': rng})
       return sums['loss'], sums
 
     grads, sums = jax.grad(loss_sum, has_aux=True)(state.params)
@@ -107,4 +87,5 @@ class StepFunctions:
 
   def eval_step(self, params, batch):
     """Token sums over the global batch, without dropout."""
-    return jax.lax.psum(_batch_sums(params, batch, self.eval_model, self.label_smoothing), AXIS)
+    return jax.lax.psum(_batch_sums(params, batch, self.eval_model, self.label_smoothing,
+                                    self.loss_chunk), AXIS)

@@ -1,0 +1,103 @@
+"""The loss: label smoothing as optax computes it; the chunked projection equals the full one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from transformer import loss
+from transformer.model import Transformer, TransformerConfig, output_table
+
+
+def test_label_smoothed_loss_equals_optax_smooth_labels():
+  logits = jax.random.normal(jax.random.key(0), (2, 5, 11))
+  targets = jnp.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 6]])
+  sums = loss.token_sums(logits, targets, 0.1)
+  smoothed = optax.smooth_labels(jax.nn.one_hot(targets, 11), 0.1)
+  weights = targets > 0
+  expected = (optax.softmax_cross_entropy(logits, smoothed) * weights).sum()
+  np.testing.assert_allclose(sums['loss'], expected, rtol=1e-6)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  np.testing.assert_allclose(sums['nll'], (nll * weights).sum(), rtol=1e-6)
+  assert sums['tokens'] == 8
+
+
+def _problem(rows=6, length=20, width=16, vocab=50, real=None):
+  """Decoder states, an output table and targets whose rows end in padding."""
+  states = jax.random.normal(jax.random.key(1), (rows, length, width))
+  table = jax.random.normal(jax.random.key(2), (vocab, width))
+  rng = np.random.default_rng(0)
+  targets = rng.integers(1, vocab, (rows, length))
+  lengths = rng.integers(1, length + 1, rows) if real is None else np.full(rows, real)
+  targets[np.arange(length) >= lengths[:, None]] = 0
+  return states, table, jnp.asarray(targets, jnp.int32)
+
+
+def _sums_and_grads(sums_fn, states, table):
+  def loss_sum(states, table):
+    sums = sums_fn(states, table)
+    return sums['loss'], sums
+  (_, sums), grads = jax.jit(jax.value_and_grad(loss_sum, argnums=(0, 1), has_aux=True))(
+      states, table)
+  return sums, grads
+
+
+@pytest.mark.parametrize('chunk', [1, 7, 32, 120, 1000])
+@pytest.mark.parametrize('real', [None, 0, 20])  # ragged rows, all padding, no padding
+@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
+def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real,
+                                                                    label_smoothing):
+  states, table, targets = _problem(real=real)
+  full = lambda s, t: loss.token_sums(loss.project(s, t, jnp.float32), targets, label_smoothing)
+  chunked = lambda s, t: loss.projected_token_sums(s, t, targets, label_smoothing, chunk)
+  (want, want_grads), (got, got_grads) = (_sums_and_grads(f, states, table)
+                                          for f in (full, chunked))
+  for name in loss.SUMS:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+  for got_grad, want_grad in zip(got_grads, want_grads):
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-6)
+  if real == 0:
+    assert float(got['tokens']) == 0 and not np.any(got_grads[0]) and not np.any(got_grads[1])
+
+
+def test_chunked_sums_without_gradients_and_under_a_scaled_loss():
+  """The forward-only path (evaluation) and a loss scaled after the sums (normalisation)."""
+  states, table, targets = _problem()
+  want = loss.token_sums(loss.project(states, table, jnp.float32), targets, 0.1)
+  got = jax.jit(lambda s, t: loss.projected_token_sums(s, t, targets, 0.1, 16))(states, table)
+  for name in loss.SUMS:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5)
+  scaled = lambda fn: jax.grad(lambda s: 3.0 * fn(s)['loss'] / fn(s)['tokens'])(states)
+  np.testing.assert_allclose(
+      scaled(lambda s: loss.projected_token_sums(s, table, targets, 0.1, 16)),
+      scaled(lambda s: loss.token_sums(loss.project(s, table, jnp.float32), targets, 0.1)),
+      rtol=1e-4, atol=1e-7)
+
+
+def test_only_the_loss_carries_a_gradient():
+  states, table, targets = _problem()
+  for name in ('nll', 'correct', 'tokens'):
+    grad = jax.grad(lambda s: loss.projected_token_sums(s, table, targets, 0.1, 16)[name])(states)
+    assert not np.any(grad), name
+
+
+@pytest.mark.parametrize('variant', [
+    {}, {'share_embeddings': False}, {'tie_output_embedding': False}, {'dtype': jnp.bfloat16}])
+def test_projection_of_the_decoder_output_is_the_models_logits(variant):
+  """`project(states, output_table(params))` is what the model's output projection computes, and
+  the chunked sums of the decoder output are the sums of the model's logits."""
+  cfg = TransformerConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+                          num_decoder_layers=1, **variant)
+  _, _, targets = _problem(rows=3, length=9, vocab=40)
+  sources = jnp.flip(targets, axis=1) + (targets > 0)
+  model = Transformer(cfg)
+  params = model.init(jax.random.key(0), sources, targets)['params']
+  logits = model.apply({'params': params}, sources, targets)
+  states = model.apply({'params': params}, sources, targets, project=False)
+  assert states.shape == (3, 9, 16) and logits.dtype == jnp.float32
+  np.testing.assert_array_equal(loss.project(states, output_table(params), cfg.dtype), logits)
+  want = loss.token_sums(logits, targets, 0.1)
+  got = loss.projected_token_sums(states, output_table(params), targets, 0.1, 8, cfg.dtype)
+  for name in loss.SUMS:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-3 if variant else 1e-5)

@@ -1,0 +1,122 @@
+"""The label-smoothed cross-entropy, summed over real target tokens, from logits or from the
+decoder's output projected chunk by chunk.
+
+`projected_token_sums` gives what `token_sums` gives on the full logits, but never holds more than
+[chunk, vocab] logits and skips chunks of padding: real target positions are moved to the front,
+and the chunks past them are not projected. Its gradient is computed chunk by chunk in the
+forward pass (a `jax.custom_vjp`), so the backward pass holds no logits either.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+SUMS = ('loss', 'nll', 'correct', 'tokens')
+
+
+def token_sums(logits, targets, label_smoothing: float) -> dict:
+  """Sums over real target tokens: label-smoothed loss, NLL, correct predictions and their count.
+
+  Smoothing puts (1 - eps) on the reference token and eps spread evenly over the vocabulary
+  (Szegedy et al., as cited in section 5.4); its cross-entropy is written as
+  (1 - eps) * nll + eps * (logsumexp - mean logit), which avoids a [tokens, vocab] one-hot.
+  """
+  weights = (targets > 0).astype(jnp.float32)
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = log_normalizer - target_logits
+  smoothing = log_normalizer - logits.mean(axis=-1)
+  loss = (1.0 - label_smoothing) * nll + label_smoothing * smoothing
+  # The reference has the largest logit: a max (logsumexp takes one anyway) costs less than argmax.
+  correct = (target_logits >= logits.max(axis=-1)).astype(jnp.float32)
+  return {
+      'loss': (loss * weights).sum(),
+      'nll': (nll * weights).sum(),
+      'correct': (correct * weights).sum(),
+      'tokens': weights.sum(),
+  }
+
+
+def project(states, table, dtype):
+  """Float32 logits of `states` [..., d_model] against the output table [vocab, d_model],
+  computed in `dtype` as the model's output projection computes them."""
+  return jnp.dot(states.astype(dtype), table.astype(dtype).T).astype(jnp.float32)
+
+
+def _chunk_sums(states, table, targets, label_smoothing, dtype):
+  sums = token_sums(project(states, table, dtype), targets, label_smoothing)
+  return sums['loss'], sums
+
+
+def _chunked(states, table, targets, label_smoothing, chunk, dtype, with_grads):
+  """(sums, d loss / d states, d loss / d table) over [tokens, d_model] states, chunk by chunk;
+  the gradients are None unless `with_grads`."""
+  size, width = states.shape
+  pad = -size % chunk
+  states, targets = jnp.pad(states, ((0, pad), (0, 0))), jnp.pad(targets, (0, pad))
+  order = jnp.argsort(targets == 0, stable=True)  # real target positions first
+  real = (targets > 0).sum()
+  chunks = (size + pad) // chunk
+  xs = (jnp.arange(chunks), states[order].reshape(chunks, chunk, width),
+        targets[order].reshape(chunks, chunk))
+  zeros = {name: jnp.zeros((), jnp.float32) for name in SUMS}
+  sums_and_grads = jax.value_and_grad(_chunk_sums, argnums=(0, 1), has_aux=True)
+
+  def step(carry, x):
+    index, chunk_states, chunk_targets = x
+
+    def work(carry):
+      sums, table_grad = carry
+      if with_grads:
+        (_, chunk), (states_grad, chunk_table_grad) = sums_and_grads(
+            chunk_states, table, chunk_targets, label_smoothing, dtype)
+        table_grad = table_grad + chunk_table_grad
+      else:
+        _, chunk = _chunk_sums(chunk_states, table, chunk_targets, label_smoothing, dtype)
+        states_grad = None
+      return (jax.tree_util.tree_map(jnp.add, sums, chunk), table_grad), states_grad
+
+    def skip(carry):  # only padding from here on
+      return carry, jnp.zeros_like(chunk_states) if with_grads else None
+
+    return jax.lax.cond(index * chunk < real, work, skip, carry)
+
+  table_grad = jnp.zeros_like(table) if with_grads else None
+  (sums, table_grad), states_grad = jax.lax.scan(step, (zeros, table_grad), xs)
+  if with_grads:
+    states_grad = states_grad.reshape(-1, width)[jnp.argsort(order)][:size]
+  return sums, states_grad, table_grad
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _sums(states, table, targets, label_smoothing, chunk, dtype):
+  return _chunked(states, table, targets, label_smoothing, chunk, dtype, False)[0]
+
+
+def _sums_forward(states, table, targets, label_smoothing, chunk, dtype):
+  sums, states_grad, table_grad = _chunked(states, table, targets, label_smoothing, chunk, dtype,
+                                           True)
+  return sums, (states_grad, table_grad)
+
+
+def _sums_backward(label_smoothing, chunk, dtype, grads, cotangents):
+  del label_smoothing, chunk, dtype
+  scale = cotangents['loss']  # the other sums leave projected_token_sums without a gradient
+  states_grad, table_grad = (grad * scale.astype(grad.dtype) for grad in grads)
+  return states_grad, table_grad, None
+
+
+_sums.defvjp(_sums_forward, _sums_backward)
+
+
+def projected_token_sums(states, table, targets, label_smoothing: float, chunk: int,
+                         dtype=jnp.float32) -> dict:
+  """`token_sums(project(states, table, dtype), targets, label_smoothing)`, `chunk` target
+  positions at a time. states [..., d_model], table [vocab, d_model], targets [...] (0 = padding).
+  Only 'loss' carries a gradient."""
+  width = states.shape[-1]
+  sums = _sums(states.reshape(-1, width), table, targets.reshape(-1), label_smoothing, chunk,
+               jnp.dtype(dtype))
+  return {name: value if name == 'loss' else jax.lax.stop_gradient(value)
+          for name, value in sums.items()}
