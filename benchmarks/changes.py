@@ -32,6 +32,10 @@ CHANGES = (
                 'in stages of 16 positions'),
     ('4b0a8f0', "train step: dropout bits from XLA's RngBitGenerator; accuracy from the max logit "
                 'instead of an argmax'),
+    ('ce55349', 'train step: dropout bits from a counter hash fused into the masking layer '
+                '(transformer/hash_rng.py)'),
+    ('d648509', 'train step: output projection and loss chunk by chunk, chunks of padding '
+                'skipped (transformer/loss.py)'),
 )
 
 
