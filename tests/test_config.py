@@ -81,6 +81,8 @@ BAD_VALUES = [
     ('average_last', 9, 'keep_checkpoints'),
     ('schedule', 'cosine', "'paper'"),
     ('beam_size', 0, 'integer >= 1'),
+    ('loss_chunk_tokens', 0, 'integer >= 1'),
+    ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
 ]
 
 
