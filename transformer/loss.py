@@ -53,12 +53,12 @@ def _chunked(states, table, targets, label_smoothing, chunk, dtype, with_grads):
   """(sums, d loss / d states, d loss / d table) over [tokens, d_model] states, chunk by chunk;
   the gradients are None unless `with_grads`."""
   size, width = states.shape
-  pad = -size % chunk
-  states, targets = jnp.pad(states, ((0, pad), (0, 0))), jnp.pad(targets, (0, pad))
+  targets = jnp.pad(targets, (0, -size % chunk))  # whole chunks; rows past `size` read as zeros
   order = jnp.argsort(targets == 0, stable=True)  # real target positions first
   real = (targets > 0).sum()
-  chunks = (size + pad) // chunk
-  xs = (jnp.arange(chunks), states[order].reshape(chunks, chunk, width),
+  chunks = targets.size // chunk
+  xs = (jnp.arange(chunks),
+        jnp.take(states, order, axis=0, mode='fill', fill_value=0).reshape(chunks, chunk, width),
         targets[order].reshape(chunks, chunk))
   zeros = {name: jnp.zeros((), jnp.float32) for name in SUMS}
   sums_and_grads = jax.value_and_grad(_chunk_sums, argnums=(0, 1), has_aux=True)
