@@ -1,6 +1,6 @@
 r"""Our train step and beam search against flax's examples/wmt, timed alternately in one process.
 
-  python -m benchmarks.vs_flax [--repeats=7] [--flax_dir=DIR] [--ours=CHECKOUT]
+  python -m benchmarks.vs_flax [--repeats=9] [--flax_dir=DIR] [--ours=CHECKOUT]
 
 The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
 `pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
@@ -11,7 +11,8 @@ Both models have the size of configs/multi30k.py (d_model 256, d_ff 1024, 4 head
 8000-token shared vocabulary tied to the output, dropout 0.1, no attention dropout, float32).
 Both run on the same random batches: each side of each row has a length drawn uniformly from
 [L/2, L], so about 75% of the slots are real tokens, as in the length buckets of Multi30k. Each
-repeat times one side then the other (the order alternating), and the figures are medians.
+round times one side then the other (the order alternating); times are medians and the ratio is
+the median of the rounds' ratios.
 
 - train: one pmapped training step (forward, backward, Adam), each side's own `train_step`.
 - beam: beam search, beam 4, alpha 0.6, on 64 sentences of 24 tokens, decoded to the length
@@ -51,7 +52,7 @@ _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', os.path.join(os.path.expanduser('~'), '.cache', 'transformer-nmt',
                              f'flax-{flax.__version__}-examples-wmt'),
     'Where flax examples/wmt is (fetched from the flax sdist if absent).')
-_REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed repeats per side (medians are reported).')
+_REPEATS = flags.DEFINE_integer('repeats', 9, 'Rounds timed; each runs both sides once.')
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
                                   'Training batches, rows x length.')
 _BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24', 'Beam search batch, sentences x length.')
@@ -107,14 +108,18 @@ def import_flax_wmt(directory: str):
   return modules['models'], modules['decode'], modules['train']
 
 
-def alternate(sides: dict, repeats: int) -> dict:
-  """{side: median seconds}, each side run once per round, the order reversed every round."""
-  times = {name: [] for name in sides}
-  names = list(sides)
+def alternate(ours, flax, repeats: int) -> dict:
+  """Median seconds of each side and the flax / ours ratio: each round runs both sides back to
+  back, the order reversed every round, and the ratio is the median of the rounds' ratios, so a
+  drift of the machine's speed over the run (other tenants, clocks) cancels within a round."""
+  times = {'ours': [], 'flax': []}
   for round_ in range(repeats):
-    for name in names if round_ % 2 == 0 else names[::-1]:
-      times[name].append(timed(sides[name], 1))
-  return {name: statistics.median(t) for name, t in times.items()}
+    for name in ('ours', 'flax') if round_ % 2 == 0 else ('flax', 'ours'):
+      times[name].append(timed(ours if name == 'ours' else flax, 1))
+  ratios = sorted(f / o for o, f in zip(times['ours'], times['flax']))
+  return {'ours_secs': statistics.median(times['ours']),
+          'flax_secs': statistics.median(times['flax']),
+          'speedup': statistics.median(ratios), 'speedup_range': [ratios[0], ratios[-1]]}
 
 
 class Flax:
@@ -183,21 +188,19 @@ def main(argv):
   for shape in map(parse_shape, _TRAIN_SHAPES.value):
     batch = random_batch(rng, *shape, ours.model_config.vocab_size)
     sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
-    sides = {'ours': functools.partial(ours.train, sharded),
-             'flax': functools.partial(reference.train, sharded)}
-    for fn in sides.values():  # compile, and a first step off the clock
+    sides = functools.partial(ours.train, sharded), functools.partial(reference.train, sharded)
+    for fn in sides:  # compile, and a first step off the clock
       fn()
       fn()
-    secs = alternate(sides, repeats)
+    timing = alternate(*sides, repeats)
     flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
                  decoder_params * (batch['targets'] > 0).sum())
     results['train'].append({
         'shape': 'x'.join(map(str, shape)),
         'real_token_fraction': float((batch['targets'] > 0).mean()),
-        'ours_secs': secs['ours'], 'flax_secs': secs['flax'],
-        'speedup': secs['flax'] / secs['ours'],
-        'ours_model_flops_per_sec': flops / secs['ours'],
-        'flax_model_flops_per_sec': flops / secs['flax']})
+        **timing,
+        'ours_model_flops_per_sec': flops / timing['ours_secs'],
+        'flax_model_flops_per_sec': flops / timing['flax_secs']})
 
   sentences, length = parse_shape(_BEAM_SHAPE.value)
   sources = jnp.asarray(rng.integers(3, ours.model_config.vocab_size, (sentences, length)),
@@ -210,15 +213,14 @@ def main(argv):
     raise RuntimeError(f'a search stopped early (ours after {steps} of {limit} steps): the two '
                        'sides would not decode as many tokens')
   beam_args = BEAM_SIZE, ALPHA, EXTRA_LENGTH
-  secs = alternate({'ours': lambda: ours.beam_search(our_params, sources, *beam_args),
-                    'flax': lambda: reference.beam_search(flax_params, sources)}, repeats)
+  timing = alternate(lambda: ours.beam_search(our_params, sources, *beam_args),
+                     lambda: reference.beam_search(flax_params, sources), repeats)
   flops = 2 * (encoder_params * sources.size + decoder_params * sentences * BEAM_SIZE * limit)
   results['beam'] = {
       'shape': _BEAM_SHAPE.value, 'beam_size': BEAM_SIZE, 'steps': limit,
-      'ours_secs': secs['ours'], 'flax_secs': secs['flax'],
-      'speedup': secs['flax'] / secs['ours'],
-      'ours_model_flops_per_sec': flops / secs['ours'],
-      'flax_model_flops_per_sec': flops / secs['flax']}
+      **timing,
+      'ours_model_flops_per_sec': flops / timing['ours_secs'],
+      'flax_model_flops_per_sec': flops / timing['flax_secs']}
 
   table = markdown(results)
   write_results(_OUTPUT.value, 'vs_flax', results, table)
@@ -226,25 +228,28 @@ def main(argv):
 
 def markdown(results: dict) -> str:
   peak = results['matmul_peak_flops_per_sec']
-  lines = [
-      f'Medians of {results["repeats"]} alternating repeats on {results["machine"]["cores"]} '
-      f'cores ({results["machine"]["cpu"]}), jax {results["machine"]["jax"]}, flax '
-      f'{results["machine"]["flax"]}; float32 matmul peak {peak / 1e12:.3f} TFLOP/s '
-      f'({results["matmul_peak_size"]}^2). Model TFLOP/s in brackets: % of that peak.',
+
+  def row(step: str, r: dict) -> str:
+    low, high = r['speedup_range']
+    return (f'| {step} | {r["shape"]} | {r["ours_secs"]:.3f} | {r["flax_secs"]:.3f} | '
+            f'{r["speedup"]:.2f}x ({low:.2f}-{high:.2f}) | '
+            f'{tflops(r["ours_model_flops_per_sec"], peak)} | '
+            f'{tflops(r["flax_model_flops_per_sec"], peak)} |')
+
+  beam = results['beam']
+  return '\n'.join([
+      f'{results["repeats"]} rounds on {results["machine"]["cores"]} cores '
+      f'({results["machine"]["cpu"]}), jax {results["machine"]["jax"]}, flax '
+      f'{results["machine"]["flax"]}; each round times both sides back to back. Seconds are '
+      f'medians; flax / ours is the median of the rounds\' ratios (lowest-highest in brackets). '
+      f'Float32 matmul peak {peak / 1e12:.3f} TFLOP/s ({results["matmul_peak_size"]}^2); model '
+      f'TFLOP/s in brackets: % of that peak.',
       '',
       '| step | batch | ours (s) | flax examples/wmt (s) | flax / ours | ours TFLOP/s | '
       'flax TFLOP/s |',
-      '| --- | --- | --- | --- | --- | --- | --- |']
-  for row in results['train']:
-    lines.append(f'| train | {row["shape"]} | {row["ours_secs"]:.3f} | {row["flax_secs"]:.3f} | '
-                 f'{row["speedup"]:.2f}x | {tflops(row["ours_model_flops_per_sec"], peak)} | '
-                 f'{tflops(row["flax_model_flops_per_sec"], peak)} |')
-  beam = results['beam']
-  lines.append(f'| beam {beam["beam_size"]}, {beam["steps"]} steps | {beam["shape"]} | '
-               f'{beam["ours_secs"]:.3f} | {beam["flax_secs"]:.3f} | {beam["speedup"]:.2f}x | '
-               f'{tflops(beam["ours_model_flops_per_sec"], peak)} | '
-               f'{tflops(beam["flax_model_flops_per_sec"], peak)} |')
-  return '\n'.join(lines) + '\n'
+      '| --- | --- | --- | --- | --- | --- | --- |',
+      *(row('train', r) for r in results['train']),
+      row(f'beam {beam["beam_size"]}, {beam["steps"]} steps', beam)]) + '\n'
 
 
 if __name__ == '__main__':
