@@ -1,6 +1,6 @@
 r"""Our train step and beam search against flax's examples/wmt, timed alternately in one process.
 
-  python -m benchmarks.vs_flax [--repeats=9] [--flax_dir=DIR] [--ours=CHECKOUT]
+  python -m benchmarks.vs_flax [--repeats=15] [--flax_dir=DIR] [--ours=CHECKOUT]
 
 The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
 `pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
@@ -52,7 +52,7 @@ _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', os.path.join(os.path.expanduser('~'), '.cache', 'transformer-nmt',
                              f'flax-{flax.__version__}-examples-wmt'),
     'Where flax examples/wmt is (fetched from the flax sdist if absent).')
-_REPEATS = flags.DEFINE_integer('repeats', 9, 'Rounds timed; each runs both sides once.')
+_REPEATS = flags.DEFINE_integer('repeats', 15, 'Rounds timed; each runs both sides once.')
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
                                   'Training batches, rows x length.')
 _BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24', 'Beam search batch, sentences x length.')
