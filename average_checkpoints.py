@@ -3,10 +3,12 @@ r"""Averages the parameters of a run's last N checkpoints into a new workdir.
   python average_checkpoints.py --workdir=DIR --last=5 --output_workdir=OUT
   python eval.py --workdir=OUT --output_dir=OUT/eval
 
-OUT gets the run's config.json and vocabulary and one checkpoint, at the newest averaged step.
-(eval.py --average_last=N averages in memory without writing anything.)
+OUT gets the run's config.json (with average_last=1: its one checkpoint is already the average)
+and vocabulary, and one checkpoint at the newest averaged step. (eval.py averages the last
+config.average_last checkpoints in memory without writing anything.)
 """
 
+import json
 import os
 import shutil
 import sys
@@ -16,6 +18,7 @@ from absl import app, flags
 from transformer import checkpoints
 from transformer import config as config_lib
 from transformer.data import vocabulary
+from transformer.files import write_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average.')
 _LAST = flags.DEFINE_integer('last', 5, 'How many of the newest checkpoints (paper: 5 base, 20 '
@@ -32,7 +35,10 @@ def main(argv):
     steps = checkpoints.write_average(_WORKDIR.value, _OUTPUT_WORKDIR.value, config, _LAST.value)
   except (config_lib.ConfigError, checkpoints.CheckpointError) as error:
     sys.exit(f'average_checkpoints.py: {error}')
-  shutil.copy(os.path.join(_WORKDIR.value, 'config.json'), _OUTPUT_WORKDIR.value)
+  averaged_config = json.loads(config.to_json())
+  averaged_config['average_last'] = 1
+  write_atomically(os.path.join(_OUTPUT_WORKDIR.value, 'config.json'),
+                   json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
   shutil.copytree(os.path.join(_WORKDIR.value, os.path.dirname(vocabulary.MODEL_FILE)),
                   os.path.join(_OUTPUT_WORKDIR.value, os.path.dirname(vocabulary.MODEL_FILE)),
                   dirs_exist_ok=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from transformer import bleu, checkpoints, data
+from transformer import bleu, checkpoints, data, translate
 from transformer import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,12 +33,15 @@ def workdir(tmp_path_factory):
   return path
 
 
-def test_training_ends_with_bleu_on_the_test_split(workdir):
+def test_training_ends_with_bleu_of_the_averaged_checkpoints(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
-  test_rows = [r for r in rows if r.get('split') == 'test']
-  assert len(test_rows) == 1 and test_rows[0]['step'] == 100
-  assert 0 <= test_rows[0]['sacrebleu'] <= 100 and 0 <= test_rows[0]['bleu_paper'] <= 100
+  final = [r for r in rows if 'checkpoint_steps' in r]
+  # configs/tiny.py averages the last 2 checkpoints, as eval.py does by default.
+  assert [(r['split'], r['step'], r['checkpoint_steps']) for r in final] == [
+      ('validation', 100, [75, 100]), ('test', 100, [75, 100])]
+  assert [r for r in rows if r.get('split') == 'test'] == final[1:]
+  assert all(0 <= r['sacrebleu'] <= 100 and 0 <= r['bleu_paper'] <= 100 for r in final)
 
 
 def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
@@ -51,14 +54,14 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   config = config_lib.load_workdir_config(workdir)
   sources, references = data.split_texts(config, 'test')
   assert len(hypotheses) == len(sources) == scores['num_sentences'] == 200
-  assert scores['checkpoint_steps'] == [100]
+  assert scores['checkpoint_steps'] == [75, 100]  # config.average_last=2 by default
   assert (scores['beam_size'], scores['alpha']) == (config.beam_size, config.alpha)
   assert scores['sacrebleu'] == pytest.approx(
       sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
   assert scores['sacrebleu_signature'] == bleu.sacrebleu_score(hypotheses, references, 'de')[1]
   assert scores['bleu_paper'] == pytest.approx(bleu.paper_bleu(hypotheses, references, 'de'))
   assert 'sacreBLEU' in result.stdout and '200 sentences' in result.stdout
-  # The training run's own test BLEU came from the same parameters and settings.
+  # The training run's own test BLEU came from the same averaged parameters and settings.
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     final = [json.loads(line) for line in f if '"test"' in line][0]
   assert final['sacrebleu'] == pytest.approx(scores['sacrebleu'], abs=1e-6)
@@ -78,12 +81,27 @@ def test_averaging_is_the_elementwise_mean(workdir):
                                                           jax.tree_util.tree_leaves(each[2]))) > 0
 
 
+def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_path):
+  config = config_lib.load_workdir_config(workdir)
+  assert config.average_last == 2
+  assert checkpoints.load_params(workdir, config)[1] == [75, 100]
+  assert translate.load(workdir, None, None, None)[3] == [75, 100]
+  assert translate.load(workdir, 1, None, None)[3] == [100]
+  # A run that kept fewer checkpoints than config.average_last averages those it has.
+  fewer = tmp_path / 'fewer'
+  shutil.copytree(workdir, fewer)
+  for step in ('50', '75'):
+    shutil.rmtree(fewer / 'checkpoints' / step)
+  assert checkpoints.load_params(str(fewer), config)[1] == [100]
+
+
 def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   out = str(tmp_path / 'averaged')
   result = run('average_checkpoints.py', f'--workdir={workdir}', '--last=2',
                f'--output_workdir={out}')
   assert result.returncode == 0, result.stderr[-3000:]
   config = config_lib.load_workdir_config(out)
+  assert config.average_last == 1  # its one checkpoint is the average already
   written, steps = checkpoints.load_params(out, config)
   expected, _ = checkpoints.load_params(workdir, config, average_last=2)
   assert steps == [100]

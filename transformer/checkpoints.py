@@ -10,6 +10,7 @@ import os
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 from transformer import config as config_lib
 from transformer import train_step
@@ -50,6 +51,11 @@ class Checkpoints:
         STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
     return restored[STATE], restored[META]
 
+  def mean_params(self, count: int, like) -> tuple[dict, list[int]]:
+    """(mean parameters of the newest `count` checkpoints, their steps); `like` as in restore."""
+    chosen = self.all_steps()[-count:]
+    return average([self.restore(step, like)[0]['params'] for step in chosen]), chosen
+
   def wait(self):
     self.manager.wait_until_finished()
 
@@ -76,20 +82,27 @@ def state_shapes(config):
 
 
 def load_params(workdir: str, config, average_last: int | None = None):
-  """(parameters, steps): the latest checkpoint's, or the mean of the last `average_last`."""
+  """(parameters, steps): the mean of the last `average_last` checkpoints.
+
+  By default config.average_last of them, as the paper evaluates, or all that are kept if fewer
+  (an unfinished run); an explicit `average_last` must not exceed what is kept.
+  """
   checkpoints = Checkpoints(workdir)
-  steps = checkpoints.all_steps()
-  wanted = 1 if average_last is None else average_last
-  if not steps:
-    raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
-  if not 1 <= wanted <= len(steps):
-    raise CheckpointError(f'average_last={wanted}, but {checkpoints.directory} holds '
-                          f'{len(steps)} checkpoints (steps {steps}); ask for 1 to {len(steps)}')
-  like = state_shapes(config)
-  chosen = steps[-wanted:]
-  params = average([checkpoints.restore(step, like)[0]['params'] for step in chosen])
-  checkpoints.close()
-  return params, chosen
+  try:
+    steps = checkpoints.all_steps()
+    if not steps:
+      raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
+    if average_last is None:
+      average_last = min(config.average_last, len(steps))
+      if average_last < config.average_last:
+        logging.warning('config.average_last=%d, but %s holds %d checkpoints: averaging those',
+                        config.average_last, checkpoints.directory, len(steps))
+    elif not 1 <= average_last <= len(steps):
+      raise CheckpointError(f'average_last={average_last}, but {checkpoints.directory} holds '
+                            f'{len(steps)} checkpoints (steps {steps}); ask for 1 to {len(steps)}')
+    return checkpoints.mean_params(average_last, state_shapes(config))
+  finally:
+    checkpoints.close()
 
 
 def write_average(workdir: str, output_workdir: str, config, last: int) -> list[int]:

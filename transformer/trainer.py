@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
 from transformer import bleu, data, metrics, model, train_step, translate
-from transformer.checkpoints import Checkpoints, local_copy
+from transformer.checkpoints import Checkpoints, local_copy, state_shapes
 from transformer.files import write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
@@ -145,8 +145,9 @@ class _Evaluator:
                  values['loss'], values['nll'], values['perplexity'], 100 * values['accuracy'])
     self.writer.write(step, values, split=split)
 
-  def bleu(self, params, step: int, split: str):
-    """Translates `split`; logs both BLEUs and a few examples."""
+  def bleu(self, params, step: int, split: str, checkpoint_steps: list[int] | None = None):
+    """Translates `split`; logs both BLEUs and a few examples (and which checkpoints were
+    averaged into `params`, if given)."""
     if split not in self.texts:
       try:
         self.texts[split] = data.split_texts(self.config, split)
@@ -158,8 +159,11 @@ class _Evaluator:
     language = self.config.target_lang
     values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, language)[0],
               'bleu_paper': bleu.paper_bleu(hypotheses, references, language)}
-    logging.info('%s BLEU at step %d: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', split,
-                 step, values['sacrebleu'], values['bleu_paper'], len(sources))
+    logging.info('%s BLEU at step %d%s: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', split,
+                 step, f', checkpoints {checkpoint_steps} averaged' if checkpoint_steps else '',
+                 values['sacrebleu'], values['bleu_paper'], len(sources))
+    if checkpoint_steps:
+      values['checkpoint_steps'] = checkpoint_steps
     for source, reference, hypothesis in list(zip(sources, references, hypotheses))[:3]:
       logging.info('  source:      %s\n  reference:   %s\n  translation: %s', source, reference,
                    hypothesis)
@@ -222,6 +226,17 @@ def _every(step: int, interval: int) -> bool:
   return interval > 0 and step % interval == 0
 
 
+def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator):
+  """Both BLEUs on validation and test with the mean of the last config.average_last
+  checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper)."""
+  checkpoints.wait()
+  count = min(config.average_last, len(checkpoints.all_steps()))
+  params, steps = checkpoints.mean_params(count, state_shapes(config))
+  params = jax_utils.replicate(params)
+  for split in ('validation', 'test'):
+    evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps)
+
+
 def train(config: ml_collections.ConfigDict, workdir: str):
   """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
   config_lib.validate(config)
@@ -279,7 +294,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         break
     else:
       if start_step < config.num_train_steps:
-        evaluator.bleu(state.params, config.num_train_steps, 'test')
+        _final_bleu(config, checkpoints, evaluator)
   finally:
     preemption.restore()
     checkpoints.wait()

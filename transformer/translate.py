@@ -115,7 +115,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, checkpoints/).')
   flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
   flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
-  flags.DEFINE_integer('average_last', None, 'Average the last N checkpoints (default: latest).')
+  flags.DEFINE_integer('average_last', None,
+                       'Average the last N checkpoints (default: the config\'s average_last).')
   flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).')
   flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
   flags.mark_flag_as_required('workdir')
