@@ -61,3 +61,21 @@ def test_sacrebleu_matches_sacrebleu_and_reports_its_signature():
   assert score == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score, abs=1e-9)
   assert signature.startswith('nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:')
   assert score != pytest.approx(bleu.paper_bleu(HYPOTHESES, REFERENCES, 'de'))
+
+
+def test_paper_pipeline_normalises_hypothesis_punctuation_as_get_ende_bleu():
+  hypotheses = ['Ein Mann sagt: “Hallo!”', 'Zwei Hunde spielen im Schnee…',
+                'Ein Kind trägt ein rot-weißes T-Shirt – es ist’s',
+                '„Sieh mal“, ruft sie（lacht）３０％']
+  # Worked by hand: replace-unicode-punctuation.perl (“ ” -> ", … -> ..., ’ -> ', full-width
+  # brackets, digits and % -> ASCII; „ and – are not in its table), tokenizer.perl -l de (which
+  # escapes " and '), then the compound split.
+  assert bleu.paper_tokenize(bleu.replace_unicode_punctuation(hypotheses), 'de') == [
+      'Ein Mann sagt : &quot; Hallo ! &quot;',
+      'Zwei Hunde spielen im Schnee ...',
+      'Ein Kind trägt ein rot ##AT##-##AT## weißes T ##AT##-##AT## Shirt – es ist &apos; s',
+      '„ Sieh mal &quot; , ruft sie ( lacht ) 30 %']
+  # The script normalises the hypotheses only, not the references.
+  curly, straight = ['Er sagt: “Ja”, sie sagt nein.'], ['Er sagt: "Ja", sie sagt nein.']
+  assert bleu.paper_bleu(curly, straight, 'de') == pytest.approx(100.0)
+  assert bleu.paper_bleu(straight, curly, 'de') < 60
