@@ -20,7 +20,9 @@ def get_config():
   config.vocab_size = 37000  # shared source-target byte-pair vocabulary
   config.vocab_model_type = 'bpe'  # SentencePiece model type
   config.max_length = 256  # pairs with a side longer than this (in tokens) are dropped (t2t's)
-  config.tokens_per_batch = 25000  # ~25000 source and ~25000 target tokens per update
+  # Real (non-padding) tokens per side and update, as the paper counts its ~25000 + 25000; rows
+  # per batch follow from each padded length's mean real tokens (transformer/data/batching.py).
+  config.tokens_per_batch = 25000
 
   # Input pipeline (not from the paper).
   config.packing = False  # True: several pairs per max_length row instead of length buckets

@@ -72,9 +72,12 @@ def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full
     assert json.load(f) == json.loads(tiny.get_config().to_json())
   rows = read_metrics(full_run)
   train_rows = [r for r in rows if 'split' not in r]
-  eval_rows = [r for r in rows if r.get('split') == 'validation']
+  eval_rows = [r for r in rows if r.get('split') == 'validation' and 'loss' in r]
   assert [r['step'] for r in train_rows] == [20, 40, 60, 80, 100]
   assert [r['step'] for r in eval_rows] == [50, 100]
+  # The end: both BLEUs on validation and test with the last average_last=2 checkpoints.
+  assert [(r['split'], r['checkpoint_steps']) for r in rows if 'sacrebleu' in r] == [
+      ('validation', [50, 100]), ('test', [50, 100])]
   for key in ('loss', 'nll', 'perplexity', 'accuracy', 'learning_rate', 'grad_norm',
               'target_tokens_per_sec', 'step_secs', 'model_flops_per_sec', 'eta_secs'):
     assert all(np.isfinite(r[key]) for r in train_rows), key

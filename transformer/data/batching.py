@@ -1,9 +1,12 @@
 """Length-grouped token batches for data-parallel training and evaluation, resumable by position.
 
-config.tokens_per_batch is the global budget of source (and of target) tokens per optimizer update;
-each device's micro-batch gets tokens_per_batch // (grad_accum_steps * all devices) slots per side.
-A batch is [local devices, rows, length] with `length` from a small fixed set (`bucket_lengths`),
-so XLA compiles a bounded number of programs. A row holds
+config.tokens_per_batch is the global budget of real (non-padding) source tokens, and of target
+tokens, per optimizer update, as the paper counts its ~25000 + 25000; each device's micro-batch
+gets tokens_per_batch // (grad_accum_steps * all devices) of it. A batch is [local devices, rows,
+length] with `length` from a small fixed set (`bucket_lengths`), so XLA compiles a bounded number
+of programs, and a length's batches have as many rows as hold the budget on average: the budget
+over the mean real tokens per row of that length, on the side with more (from the whole split,
+all shards). A row holds
 - one pair: pairs are grouped by their longer side into the shortest length that fits (default);
 - with config.packing, several pairs in max_length slots, with segment ids (1, 2, ...; 0 = padding)
   and positions restarting at 0 for each pair.
@@ -12,9 +15,9 @@ counted, never truncated.
 
 The data is sharded by device, not by host: of D devices in all, device d owns every D-th pair of
 a permutation of the split drawn from config.seed (a random sample, however the corpus is
-ordered), and a host reads and tokenizes only its own devices' shards. The hosts
-then all-gather one small table (each shard's row count per length) and compute the same plan
-from it: the sequence of batch lengths, each length as often as the fullest shard needs. Every
+ordered), and a host reads and tokenizes only its own devices' shards. The hosts then all-gather
+one small table (each shard's row count and mean tokens per row, per length) and compute the same
+plan from it: the sequence of batch lengths, each length as often as the fullest shard needs. Every
 device fills each batch from its own shard, spreading its rows of that length evenly over the
 batches of that length (a smaller shard leaves a few rows as padding). So hosts agree on every
 batch's shape, and a batch does not depend on how the devices are spread over hosts. A training
@@ -112,12 +115,9 @@ def encode(corpus: sources.Corpus, vocab: Vocabulary, max_length: int,
 class Layout:
   """This host's devices among all: device d of `num_shards` owns shard d of every split."""
 
-  tokens: int  # slots per side in one device's micro-batch
+  tokens: int  # real tokens per side in one device's micro-batch, on average
   devices: range
   num_shards: int
-
-  def rows_per_device(self, length: int) -> int:
-    return self.tokens // length
 
 
 def layout(config: ml_collections.ConfigDict, process_index: int, process_count: int,
@@ -170,6 +170,15 @@ class Shard:
   rows: _Ragged
   rows_by_length: list[np.ndarray]  # per bucket length: the ids of the rows of that length
 
+  def milli_tokens_per_row(self) -> list[int]:
+    """Per bucket length: the mean real tokens of its rows on the side with more, x 1000."""
+    row_of_pair = np.repeat(np.arange(len(self.rows.lengths)), self.rows.lengths)
+    per_row = [np.bincount(row_of_pair, ragged.lengths[self.rows.flat],
+                           minlength=len(self.rows.lengths))
+               for ragged in (self.encoded.sources, self.encoded.targets)]
+    return [round(1000 * max(side[ids].mean() for side in per_row)) if len(ids) else 0
+            for ids in self.rows_by_length]
+
 
 def arrange(encoded: EncodedSplit, buckets: list[int], packing: bool, seed: int,
             device: int) -> Shard:
@@ -214,8 +223,9 @@ class Batches:
                            self.buckets, pack_rows, config.seed, device)
                    for device in where.devices]
     local = np.array([[len(s.encoded), s.encoded.dropped_empty, s.encoded.dropped_too_long,
-                       *map(len, s.rows_by_length)] for s in self.shards], np.int32)
-    table = all_gather(local)
+                       *map(len, s.rows_by_length), *s.milli_tokens_per_row()]
+                      for s in self.shards], np.int32)
+    table = all_gather(local).astype(np.int64)
     if table.shape != (where.num_shards, local.shape[1]):
       raise DataError(f'all_gather returned {len(table)} shard rows for {where.num_shards} '
                       'devices: process_count and num_devices must describe the running hosts')
@@ -227,10 +237,19 @@ class Batches:
       raise DataError(f'{corpus.name}: no usable pairs ({empty} empty, {too_long} longer than '
                       f'config.max_length={config.max_length}); check the data or raise '
                       'max_length')
-    rows = table[:, 3:]
+    rows, milli_tokens = np.split(table[:, 3:], 2, axis=1)
+    # Rows per batch: the budget over the mean real tokens per row of that length.
+    self.rows_per_batch = [
+        max(1, 1000 * where.tokens * int(rows[:, b].sum()) // int(rows[:, b] @ milli_tokens[:, b]))
+        if rows[:, b].any() else 1 for b in range(len(self.buckets))]
     # A length gets as many batches as its fullest shard needs.
-    self.batches_per_length = [int(-(-rows[:, b].max() // where.rows_per_device(length)))
-                               for b, length in enumerate(self.buckets)]
+    self.batches_per_length = [int(-(-rows[:, b].max() // self.rows_per_batch[b]))
+                               for b in range(len(self.buckets))]
+    logging.info('%s: %d batches of [rows x length] %s per device, ~%d real tokens per side',
+                 corpus.name, sum(self.batches_per_length),
+                 ', '.join(f'{r}x{length}' for r, length, n in zip(
+                     self.rows_per_batch, self.buckets, self.batches_per_length) if n),
+                 where.tokens)
 
   def plan(self, epoch: int | None) -> list[tuple[int, list[np.ndarray]]]:
     """(length, each local device's row ids) per batch: shuffled by (seed, epoch), or in order."""
@@ -253,7 +272,7 @@ class Batches:
 
   def fill(self, length: int, device_rows: list[np.ndarray]) -> dict:
     """The [local devices, rows, length] arrays of one batch; rows past a device's own are 0."""
-    shape = (len(self.shards), self.where.rows_per_device(length), length)
+    shape = (len(self.shards), self.rows_per_batch[self.buckets.index(length)], length)
     names = ['sources', 'targets']
     if self._segments:
       names += ['source_segment_ids', 'source_positions', 'target_segment_ids',
