@@ -17,6 +17,7 @@ ALL_CONFIGS = {
     'wmt14:base,en-fr': lambda: wmt14.get_config('base,en-fr'),
     'wmt14:big,en-fr': lambda: wmt14.get_config('big,en-fr'),
     'multi30k': multi30k.get_config,
+    'multi30k:en-fr': lambda: multi30k.get_config('en-fr'),
     'tiny': tiny.get_config,
 }
 
@@ -111,10 +112,14 @@ def test_unknown_and_missing_keys_are_named():
 
 
 def test_multi30k_languages_are_checked():
-  config = multi30k.get_config()
-  config.target_lang = 'cs'
+  assert (multi30k.get_config().source_lang, multi30k.get_config().target_lang) == ('en', 'de')
+  config = multi30k.get_config('en-fr')
+  assert (config.source_lang, config.target_lang) == ('en', 'fr')
+  config = multi30k.get_config('en-cs')
   with pytest.raises(config_lib.ConfigError, match=r"config\.target_lang='cs'"):
     config_lib.validate(config)
+  with pytest.raises(ValueError, match=r"configs/multi30k.py:ende: the argument is a language "):
+    multi30k.get_config('ende')
 
 
 def run_script(*args):
