@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 
+from benchmarks import reproduce_multi30k
 from benchmarks.profile_step import hlo_classes
 
 
@@ -22,3 +23,22 @@ def test_hlo_operations_are_classed_by_what_they_compute():
   assert 'reduction' in kinds and 'layout' in kinds and 'elementwise' in kinds, executed
   (matmul,) = [name for name, kind in executed.items() if kind == 'matmul']
   assert classes[matmul][1].endswith('dot_general')  # named by its dot, not its fusion's root
+
+
+def test_reproduction_table_separates_the_recipe_from_the_variants():
+  machine = {'cores': 2, 'cpu': 'CPU'}
+  scores = {'sacrebleu': 38.123, 'bleu_paper': 39.5, 'sentences_per_sec': 20.0,
+            'checkpoint_steps': [1900, 2000]}
+  rows = {
+      'recipe': {'pair': 'en-de', 'overrides': [], 'steps': 2000, 'train_minutes': 55.04,
+                 'splits': {'validation': dict(scores, sacrebleu=37.0), 'test': scores},
+                 'machine': machine, 'commit': 'abc1234'},
+      'dropout 0.3': {'pair': 'en-de', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
+                      'train_minutes': 56.0, 'splits': {'validation': dict(scores, sacrebleu=36.5)},
+                      'machine': machine, 'commit': 'abc1234'}}
+  table = reproduce_multi30k.markdown(rows).splitlines()
+  assert ('| en-de | test | 38.12 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | 2 cores, CPU | '
+          'abc1234 |') in table
+  assert sum(line.startswith('| en-de |') for line in table) == 2  # the recipe's two splits
+  assert table[-1] == ('| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | '
+                       '39.50 |')

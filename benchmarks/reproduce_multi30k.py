@@ -1,0 +1,107 @@
+r"""Multi30k reproduction: train.py from scratch, then eval.py's BLEU, as a row of a results table.
+
+  python -m benchmarks.reproduce_multi30k --manual_dir=../shared/data/multi30k [--pair=en-de]
+      [--label=NAME] [--workdir=DIR] [--override=key=value ...] [--splits=validation,test]
+
+Trains `configs/multi30k.py:<pair>` (with the overrides) in a new --workdir (default
+runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparation, compilation,
+periodic evaluation and its closing BLEU included. Then `eval.py` translates each split with the
+config's beam search and checkpoint averaging. The row goes under --label into
+benchmarks/results/multi30k.json, and multi30k.md is rewritten from all rows: the recipe (rows
+without overrides: every split asked for) and the variants tried (rows with overrides: their
+validation BLEU, as a recipe is chosen on validation only).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from benchmarks.measure import machine, write_results
+from benchmarks.multi30k_setup import MANUAL_DIR
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = flags.FLAGS
+
+
+def run(*args: str):
+  """Runs a script of this checkout with this interpreter; its output goes to stderr."""
+  subprocess.run([sys.executable, *args], cwd=ROOT, check=True, stdout=sys.stderr)
+
+
+def main(argv):
+  del argv
+  workdir = os.path.abspath(FLAGS.workdir or os.path.join(ROOT, 'runs', 'reproduce',
+                                                           FLAGS.label))
+  if os.path.exists(workdir):
+    raise SystemExit(f'{workdir} exists: training is timed from scratch, so remove it or give '
+                     'another --workdir')
+  began = time.time()
+  run('train.py', f'--config=configs/multi30k.py:{FLAGS.pair}', f'--workdir={workdir}',
+      f'--config.manual_dir={os.path.abspath(MANUAL_DIR.value)}',
+      *(f'--config.{override}' for override in FLAGS.override))
+  train_minutes = (time.time() - began) / 60
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = json.load(f)
+  row = {'pair': FLAGS.pair, 'overrides': FLAGS.override, 'steps': config['num_train_steps'],
+         'train_minutes': train_minutes, 'splits': {},
+         'commit': subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True,
+                                  capture_output=True).stdout.strip(),
+         'machine': machine()}
+  for split in FLAGS.splits:
+    output_dir = os.path.join(workdir, f'eval_{split}')
+    run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}')
+    with open(os.path.join(output_dir, 'scores.json')) as f:
+      row['splits'][split] = json.load(f)
+
+  path = os.path.join(FLAGS.output, 'multi30k.json')
+  rows = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = json.load(f)
+  rows[FLAGS.label] = row
+  write_results(FLAGS.output, 'multi30k', rows, markdown(rows))
+
+
+def markdown(rows: dict) -> str:
+  lines = [
+      'configs/multi30k.py trained from scratch by train.py (minutes: the whole command), then '
+      'eval.py: beam search and checkpoint averaging as the config says; test2016 is the test '
+      'split. Paper BLEU: tokenized and compound-split, as the paper reports.',
+      '',
+      '| pair | split | sacreBLEU | paper BLEU | steps | training minutes | eval sentences/s | '
+      'checkpoints averaged | machine | commit |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |']
+  for r in rows.values():
+    if not r['overrides']:
+      for split, s in r['splits'].items():
+        lines.append(
+            f'| {r["pair"]} | {split} | {s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} | '
+            f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sentences_per_sec"]:.1f} | '
+            f'{s["checkpoint_steps"]} | {r["machine"]["cores"]} cores, {r["machine"]["cpu"]} | '
+            f'{r["commit"]} |')
+  lines += ['', 'Variants tried (validation BLEU; the recipe above is chosen on it):', '',
+            '| variant | pair | config overrides | steps | training minutes | validation '
+            'sacreBLEU | paper BLEU |',
+            '| --- | --- | --- | --- | --- | --- | --- |']
+  for label, r in rows.items():
+    if r['overrides'] and 'validation' in r['splits']:
+      s = r['splits']['validation']
+      lines.append(f'| {label} | {r["pair"]} | {" ".join(r["overrides"])} | {r["steps"]} | '
+                   f'{r["train_minutes"]:.1f} | {s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} |')
+  return '\n'.join(lines) + '\n'
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('pair', 'en-de', 'configs/multi30k.py argument: the language pair.')
+  flags.DEFINE_string('label', 'recipe', 'Name of this run in the results.')
+  flags.DEFINE_string('workdir', None, 'New train.py workdir (default: runs/reproduce/<label>).')
+  flags.DEFINE_multi_string('override', [],
+                            'key=value: a config key given to train.py (repeatable).')
+  flags.DEFINE_list('splits', ['validation', 'test'], 'Splits eval.py scores.')
+  flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                      'Where multi30k.json and multi30k.md go.')
+  app.run(main)
