@@ -24,7 +24,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks.multi30k_setup import MANUAL_DIR
-from benchmarks.measure import machine, matmul_peak, tflops, write_results
+from benchmarks.measure import add_row, commit, machine, matmul_peak, tflops
 
 _CHECKOUT = flags.DEFINE_string('checkout', os.path.dirname(os.path.dirname(__file__)),
                                 'The repository checkout whose train.py and eval.py run.')
@@ -79,18 +79,8 @@ def main(argv):
   result.update(
       eval_sentences_per_sec=scores['sentences_per_sec'], eval_sentences=scores['num_sentences'],
       matmul_peak_flops_per_sec=peak, overrides=_OVERRIDES.value,
-      commit=subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=checkout, text=True,
-                            capture_output=True).stdout.strip(),
-      machine=machine())
-
-  path = os.path.join(_OUTPUT.value, 'end_to_end.json')
-  results = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      results = json.load(f)
-  results[_LABEL.value] = result
-  table = markdown(results)
-  write_results(_OUTPUT.value, 'end_to_end', results, table)
+      commit=commit(checkout), machine=machine())
+  add_row(_OUTPUT.value, 'end_to_end', _LABEL.value, result, markdown)
 
 
 def markdown(results: dict) -> str:

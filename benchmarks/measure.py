@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 
 import flax
@@ -60,3 +61,21 @@ def write_results(directory: str, name: str, results, table: str):
   os.makedirs(directory, exist_ok=True)
   write_atomically(os.path.join(directory, f'{name}.json'), json.dumps(results, indent=2) + '\n')
   write_atomically(os.path.join(directory, f'{name}.md'), table)
+
+
+def add_row(directory: str, name: str, label: str, row: dict, markdown):
+  """Puts `row` under `label` in `<name>.json` (other labels' rows stay), then writes the JSON
+  and `markdown(all rows)` as `write_results` does."""
+  path = os.path.join(directory, f'{name}.json')
+  rows = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = json.load(f)
+  rows[label] = row
+  write_results(directory, name, rows, markdown(rows))
+
+
+def commit(checkout: str) -> str:
+  """The short hash of the checkout's HEAD."""
+  return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=checkout, text=True,
+                        capture_output=True).stdout.strip()

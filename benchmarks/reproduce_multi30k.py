@@ -20,7 +20,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.measure import machine, write_results
+from benchmarks.measure import add_row, commit, machine
 from benchmarks.multi30k_setup import MANUAL_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,22 +48,14 @@ def main(argv):
     config = json.load(f)
   row = {'pair': FLAGS.pair, 'overrides': FLAGS.override, 'steps': config['num_train_steps'],
          'train_minutes': train_minutes, 'splits': {},
-         'commit': subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True,
-                                  capture_output=True).stdout.strip(),
-         'machine': machine()}
+         'commit': commit(ROOT), 'machine': machine()}
   for split in FLAGS.splits:
     output_dir = os.path.join(workdir, f'eval_{split}')
     run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}')
     with open(os.path.join(output_dir, 'scores.json')) as f:
       row['splits'][split] = json.load(f)
 
-  path = os.path.join(FLAGS.output, 'multi30k.json')
-  rows = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      rows = json.load(f)
-  rows[FLAGS.label] = row
-  write_results(FLAGS.output, 'multi30k', rows, markdown(rows))
+  add_row(FLAGS.output, 'multi30k', FLAGS.label, row, markdown)
 
 
 def markdown(rows: dict) -> str:
