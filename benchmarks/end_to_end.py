@@ -1,7 +1,7 @@
 r"""End to end on Multi30k EN->DE: train.py's speed after compilation, then eval.py's on test2016.
 
   python -m benchmarks.end_to_end --manual_dir=../shared/data/multi30k [--label=after]
-      [--checkout=DIR] [--steps=300] [--log_every=50] [--override=packing=True ...]
+      [--checkout=DIR] [--steps=300] [--log_every=50] [--override=packing=False ...]
 
 Runs `train.py --config=configs/multi30k.py` for --steps steps (no evaluation or checkpoint on the
 way) and reads its metrics.jsonl: real target tokens/s and model FLOP/s (train.py's own count:
@@ -10,7 +10,7 @@ one program per padded length. Then `eval.py` translates test2016 (1000 sentence
 the last checkpoint and reports sentences/s, its compilation included. The matmul peak of
 benchmarks/measure.py is measured first, in this process, for the ratio. --checkout runs another
 checkout's train.py and eval.py (say, an older commit, for a before/after comparison);
---override passes config keys to train.py (say, packing=True, to measure packed batches).
+--override passes config keys to train.py (say, packing=False, to measure length buckets).
 
 Adds a row under --label to benchmarks/results/end_to_end.{json,md}.
 """

@@ -1,6 +1,6 @@
 r"""Padding efficiency (real tokens / padded slots) of one training epoch on Multi30k EN->DE.
 
-Compares length buckets (the default) with sequence packing, using configs/multi30k.py, with the
+Compares length buckets with sequence packing (the default), using configs/multi30k.py, with the
 data sharded over 1 and over 8 devices (each device fills its rows from its own shard, so more
 devices leave a few more rows empty):
 

@@ -20,16 +20,18 @@ def get_config(pair: str = 'en-de'):
   config.source_lang, config.target_lang = languages  # config validation checks them
   config.vocab_size = 8000
   config.max_length = 64
-  config.tokens_per_batch = 4096
+  config.packing = True  # 92% of slots real instead of ~75% with length buckets: more data per hour
+  config.tokens_per_batch = 3900  # real tokens per side: 64 packed rows of 64 slots
   config.model.update(dict(
       d_model=256, d_ff=1024, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
       dtype='float32'))  # CPUs compute bfloat16 slower than float32
   config.loss_chunk_tokens = 256  # 256 x 8000 logits stay in the CPU's caches
   config.warmup_steps = 1000
-  config.num_train_steps = 6000
+  config.num_train_steps = 2000
   config.log_every_steps = 50
   config.eval_every_steps = 500
-  config.bleu_every_steps = 2000
-  config.checkpoint_every_steps = 500
+  config.bleu_every_steps = 1000
+  # The last 5 checkpoints (steps 1600-2000) are averaged for evaluation, as the paper does.
+  config.checkpoint_every_steps = 100
   config.checkpoint_every_secs = 0
   return config
