@@ -52,7 +52,8 @@ class Checkpoints:
     return restored[STATE], restored[META]
 
   def mean_params(self, count: int, like) -> tuple[dict, list[int]]:
-    """(mean parameters of the newest `count` checkpoints, their steps); `like` as in restore."""
+    """(mean parameters of the newest `count` checkpoints, or of all if fewer are kept, and
+    their steps); `like` as in restore."""
     chosen = self.all_steps()[-count:]
     return average([self.restore(step, like)[0]['params'] for step in chosen]), chosen
 

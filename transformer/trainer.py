@@ -230,8 +230,7 @@ def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator):
   """Both BLEUs on validation and test with the mean of the last config.average_last
   checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper)."""
   checkpoints.wait()
-  count = min(config.average_last, len(checkpoints.all_steps()))
-  params, steps = checkpoints.mean_params(count, state_shapes(config))
+  params, steps = checkpoints.mean_params(config.average_last, state_shapes(config))
   params = jax_utils.replicate(params)
   for split in ('validation', 'test'):
     evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps)
