@@ -27,12 +27,18 @@ def timed(fn, repeats: int) -> float:
 
 
 def machine() -> dict:
-  """CPU model, cores and library versions."""
+  """CPU model with its widest vector unit, cores and library versions."""
   cpu = platform.processor() or platform.machine()
   if os.path.exists('/proc/cpuinfo'):
     with open('/proc/cpuinfo') as f:
-      cpu = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')),
-                 cpu)
+      lines = f.read().splitlines()
+    value = lambda key: next((line.split(':', 1)[1].strip() for line in lines
+                              if line.startswith(key)), '')
+    # The model name alone ('AMD EPYC') can hide a 3x difference in float32 matmul speed.
+    flags = value('flags').split()
+    vector = next((name for flag, name in (('avx512f', 'AVX-512'), ('avx2', 'AVX2'))
+                   if flag in flags), '')
+    cpu = (value('model name') or cpu) + (f' ({vector})' if vector else '')
   return {'cpu': cpu, 'cores': os.cpu_count(), 'devices': jax.local_device_count(),
           'jax': jax.__version__, 'flax': flax.__version__}
 
