@@ -2,6 +2,8 @@ r"""Multi30k reproduction: train.py from scratch, then eval.py's BLEU, as a row 
 
   python -m benchmarks.reproduce_multi30k --manual_dir=../shared/data/multi30k [--pair=en-de]
       [--label=NAME] [--workdir=DIR] [--override=key=value ...] [--splits=validation,test]
+  python -m benchmarks.reproduce_multi30k --rescore=LABEL --average_last=N --label=NAME
+      [--splits=validation]
 
 Trains `configs/multi30k.py:<pair>` (with the overrides) in a new --workdir (default
 runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparation, compilation,
@@ -10,6 +12,9 @@ config's beam search and checkpoint averaging. The row goes under --label into
 benchmarks/results/multi30k.json, and multi30k.md is rewritten from all rows: the recipe (rows
 without overrides: every split asked for) and the variants tried (rows with overrides: their
 validation BLEU, as a recipe is chosen on validation only).
+
+--rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with
+--average_last=N checkpoints, a row whose overrides are LABEL's plus `average_last=N`.
 """
 
 import json
@@ -32,10 +37,13 @@ def run(*args: str):
   subprocess.run([sys.executable, *args], cwd=ROOT, check=True, stdout=sys.stderr)
 
 
-def main(argv):
-  del argv
-  workdir = os.path.abspath(FLAGS.workdir or os.path.join(ROOT, 'runs', 'reproduce',
-                                                           FLAGS.label))
+def workdir_of(label: str) -> str:
+  return os.path.abspath(FLAGS.workdir or os.path.join(ROOT, 'runs', 'reproduce', label))
+
+
+def train() -> tuple[str, dict]:
+  """Trains a new run; (its workdir, its row without scores)."""
+  workdir = workdir_of(FLAGS.label)
   if os.path.exists(workdir):
     raise SystemExit(f'{workdir} exists: training is timed from scratch, so remove it or give '
                      'another --workdir')
@@ -46,12 +54,37 @@ def main(argv):
   train_minutes = (time.time() - began) / 60
   with open(os.path.join(workdir, 'config.json')) as f:
     config = json.load(f)
-  row = {'pair': FLAGS.pair, 'overrides': FLAGS.override, 'steps': config['num_train_steps'],
-         'train_minutes': train_minutes, 'splits': {},
-         'commit': commit(ROOT), 'machine': machine()}
+  return workdir, {'pair': FLAGS.pair, 'overrides': FLAGS.override,
+                   'steps': config['num_train_steps'], 'train_minutes': train_minutes}
+
+
+def rescored() -> tuple[str, dict]:
+  """The run of the row --rescore names; (its workdir, its row with --average_last added)."""
+  with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
+    rows = json.load(f)
+  return workdir_of(FLAGS.rescore), rescored_row(rows, FLAGS.rescore, FLAGS.average_last)
+
+
+def rescored_row(rows: dict, label: str, average_last: int | None) -> dict:
+  """Row `label`'s training fields, its overrides followed by `average_last=N`."""
+  if label not in rows:
+    raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
+  if average_last is None:
+    raise SystemExit('--rescore needs --average_last=N: the number of checkpoints to average')
+  base = rows[label]
+  return {'pair': base['pair'], 'overrides': base['overrides'] + [f'average_last={average_last}'],
+          'steps': base['steps'], 'train_minutes': base['train_minutes']}
+
+
+def main(argv):
+  del argv
+  workdir, row = rescored() if FLAGS.rescore else train()
+  row.update(splits={}, commit=commit(ROOT), machine=machine())
+  average = [] if FLAGS.average_last is None else [f'--average_last={FLAGS.average_last}']
   for split in FLAGS.splits:
-    output_dir = os.path.join(workdir, f'eval_{split}')
-    run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}')
+    output_dir = os.path.join(workdir, f'eval_{FLAGS.label}_{split}')
+    run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}',
+        *average)
     with open(os.path.join(output_dir, 'scores.json')) as f:
       row['splits'][split] = json.load(f)
 
@@ -75,15 +108,16 @@ def markdown(rows: dict) -> str:
             f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sentences_per_sec"]:.1f} | '
             f'{s["checkpoint_steps"]} | {r["machine"]["cores"]} cores, {r["machine"]["cpu"]} | '
             f'{r["commit"]} |')
-  lines += ['', 'Variants tried (validation BLEU; the recipe above is chosen on it):', '',
-            '| variant | pair | config overrides | steps | training minutes | validation '
-            'sacreBLEU | paper BLEU |',
-            '| --- | --- | --- | --- | --- | --- | --- |']
+  lines += ['', 'Variants tried, beside the recipe (validation BLEU: the recipe is chosen on it):',
+            '', '| variant | pair | config overrides | steps | training minutes | validation '
+            'sacreBLEU | paper BLEU | machine |',
+            '| --- | --- | --- | --- | --- | --- | --- | --- |']
   for label, r in rows.items():
-    if r['overrides'] and 'validation' in r['splits']:
+    if 'validation' in r['splits']:
       s = r['splits']['validation']
-      lines.append(f'| {label} | {r["pair"]} | {" ".join(r["overrides"])} | {r["steps"]} | '
-                   f'{r["train_minutes"]:.1f} | {s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} |')
+      lines.append(f'| {label} | {r["pair"]} | {" ".join(r["overrides"]) or "(the recipe)"} | '
+                   f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sacrebleu"]:.2f} | '
+                   f'{s["bleu_paper"]:.2f} | {r["machine"]["cpu"]} |')
   return '\n'.join(lines) + '\n'
 
 
@@ -94,6 +128,8 @@ if __name__ == '__main__':
   flags.DEFINE_multi_string('override', [],
                             'key=value: a config key given to train.py (repeatable).')
   flags.DEFINE_list('splits', ['validation', 'test'], 'Splits eval.py scores.')
+  flags.DEFINE_string('rescore', None, 'Train nothing: score the run of this row again.')
+  flags.DEFINE_integer('average_last', None, "eval.py's --average_last (default: the config's).")
   flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                       'Where multi30k.json and multi30k.md go.')
   app.run(main)

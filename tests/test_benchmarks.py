@@ -1,7 +1,9 @@
-"""The profiling benchmark's reading of XLA's optimized HLO."""
+"""The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
+results table."""
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from benchmarks import reproduce_multi30k
 from benchmarks.profile_step import hlo_classes
@@ -40,5 +42,19 @@ def test_reproduction_table_separates_the_recipe_from_the_variants():
   assert ('| en-de | test | 38.12 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | 2 cores, CPU | '
           'abc1234 |') in table
   assert sum(line.startswith('| en-de |') for line in table) == 2  # the recipe's two splits
-  assert table[-1] == ('| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | '
-                       '39.50 |')
+  # Every run's validation BLEU, the recipe's beside the variants'.
+  assert table[-2:] == [
+      '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | CPU |',
+      '| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | 39.50 | CPU |']
+
+
+def test_a_rescored_row_is_its_runs_training_with_another_average():
+  rows = {'dropout 0.3': {'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
+                          'train_minutes': 56.0, 'splits': {}, 'commit': 'abc1234'}}
+  assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', 10) == {
+      'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3', 'average_last=10'], 'steps': 2000,
+      'train_minutes': 56.0}
+  with pytest.raises(SystemExit, match=r'--rescore=recipe: no such row .*rows: dropout 0.3\)'):
+    reproduce_multi30k.rescored_row(rows, 'recipe', 10)
+  with pytest.raises(SystemExit, match='--rescore needs --average_last=N'):
+    reproduce_multi30k.rescored_row(rows, 'dropout 0.3', None)
