@@ -10,11 +10,12 @@ runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparat
 periodic evaluation and its closing BLEU included. Then `eval.py` translates each split with the
 config's beam search and checkpoint averaging. The row goes under --label into
 benchmarks/results/multi30k.json, and multi30k.md is rewritten from all rows: the recipe (rows
-without overrides: every split asked for) and the variants tried (rows with overrides: their
-validation BLEU, as a recipe is chosen on validation only).
+without overrides: every split asked for), then every row's validation BLEU, the variants (rows
+with overrides) beside the recipe, as a recipe is chosen on validation only.
 
 --rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with
---average_last=N checkpoints, a row whose overrides are LABEL's plus `average_last=N`.
+--average_last=N checkpoints, a row whose overrides are LABEL's plus `average_last=N` (its
+training minutes and machine are LABEL's).
 """
 
 import json
@@ -66,20 +67,22 @@ def rescored() -> tuple[str, dict]:
 
 
 def rescored_row(rows: dict, label: str, average_last: int | None) -> dict:
-  """Row `label`'s training fields, its overrides followed by `average_last=N`."""
+  """Row `label`'s training fields and machine, its overrides followed by `average_last=N`."""
   if label not in rows:
     raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
   if average_last is None:
     raise SystemExit('--rescore needs --average_last=N: the number of checkpoints to average')
   base = rows[label]
   return {'pair': base['pair'], 'overrides': base['overrides'] + [f'average_last={average_last}'],
-          'steps': base['steps'], 'train_minutes': base['train_minutes']}
+          'steps': base['steps'], 'train_minutes': base['train_minutes'],
+          'machine': base['machine']}
 
 
 def main(argv):
   del argv
   workdir, row = rescored() if FLAGS.rescore else train()
-  row.update(splits={}, commit=commit(ROOT), machine=machine())
+  row.update(splits={}, commit=commit(ROOT))
+  row.setdefault('machine', machine())  # where the training minutes were measured
   average = [] if FLAGS.average_last is None else [f'--average_last={FLAGS.average_last}']
   for split in FLAGS.splits:
     output_dir = os.path.join(workdir, f'eval_{FLAGS.label}_{split}')

@@ -49,11 +49,13 @@ def test_reproduction_table_separates_the_recipe_from_the_variants():
 
 
 def test_a_rescored_row_is_its_runs_training_with_another_average():
+  machine = {'cores': 2, 'cpu': 'CPU'}
   rows = {'dropout 0.3': {'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
-                          'train_minutes': 56.0, 'splits': {}, 'commit': 'abc1234'}}
+                          'train_minutes': 56.0, 'splits': {}, 'commit': 'abc1234',
+                          'machine': machine}}
   assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', 10) == {
       'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3', 'average_last=10'], 'steps': 2000,
-      'train_minutes': 56.0}
+      'train_minutes': 56.0, 'machine': machine}
   with pytest.raises(SystemExit, match=r'--rescore=recipe: no such row .*rows: dropout 0.3\)'):
     reproduce_multi30k.rescored_row(rows, 'recipe', 10)
   with pytest.raises(SystemExit, match='--rescore needs --average_last=N'):
