@@ -29,7 +29,7 @@ def text_config(tmp_path, **overrides):
       (tmp_path / f'{split}.{lang}').write_text(''.join(f'{line}\n' for line in lines))
   config = default.get_config()
   config.update(dataset='text', train_files=str(tmp_path / 'train.{lang}'),
-                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=96,
+                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=320,
                 max_length=32, tokens_per_batch=512, **overrides)
   return config_lib.validate(config)
 
@@ -118,7 +118,11 @@ def test_special_ids_and_round_trip(corpus):
   assert ids and min(ids) > data.UNK_ID  # no pad, EOS or unk in known text
   assert vocab.decode(ids) == text
   assert vocab.decode([0] + ids + [data.EOS_ID] + vocab.encode('zzz')) == text
-  assert data.UNK_ID in vocab.encode('xyz')  # letters never seen in training
+  # Characters the training text lacks come back as written, spelled in UTF-8 bytes; the last
+  # line would change under NFKC normalisation (ligature, full-width letter, fraction).
+  for unseen in ('xyz', 'Grüße, 日本 😀', 'ﬁ Ａ ½'):
+    ids = vocab.encode(unseen)
+    assert data.UNK_ID not in ids and vocab.decode(ids) == unseen
 
 
 def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, monkeypatch):
@@ -136,8 +140,8 @@ def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, m
     sentence = synthetic.pairs('validation')[0][0]
     assert again.encode(sentence) == first.encode(sentence)
 
-  config.vocab_size = 128
-  with pytest.raises(data.DataError, match='has 64 pieces but config.vocab_size=128'):
+  config.vocab_size = 400
+  with pytest.raises(data.DataError, match='has 320 pieces but config.vocab_size=400'):
     data.load_or_train_vocabulary(config, workdir)
 
 
@@ -397,7 +401,7 @@ def test_tiny_config_on_synthetic_data(tmp_path):
 
 def test_tfds_translation_dataset_end_to_end_with_mock_data(tmp_path):
   config = default.get_config()
-  config.update(vocab_size=40, max_length=32, tokens_per_batch=256, vocab_sample_size=200)
+  config.update(vocab_size=320, max_length=32, tokens_per_batch=256, vocab_sample_size=200)
   config_lib.validate(config)
   with tfds.testing.mock_data(num_examples=120):
     sources, references = data.split_texts(config, 'validation')
