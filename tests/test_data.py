@@ -31,7 +31,7 @@ def text_config(tmp_path, **overrides):
       (tmp_path / f'{split}.{lang}').write_text(''.join(f'{line}\n' for line in lines))
   config = default.get_config()
   config.update(dataset='text', train_files=str(tmp_path / 'train.{lang}'),
-                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=320,
+                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=352,
                 max_length=32, tokens_per_batch=512, **overrides)
   return config_lib.validate(config)
 

@@ -48,11 +48,11 @@ class Checkpoints:
   def restore(self, step: int, like):
     """(state tree shaped as `like`, meta dict) of checkpoint `step`, as numpy arrays."""
     target = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), like)
+    _drop_closed_loop_reports()
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
     except Exception as error:  # Orbax and TensorStore raise many kinds for a damaged file
-      _silence_closed_loop_callbacks()
       raise CheckpointError(self._unreadable(step, error)) from None
     return restored[STATE], restored[META]
 
@@ -77,15 +77,19 @@ class Checkpoints:
     self.manager.close()
 
 
-def _silence_closed_loop_callbacks():
-  """After a failed restore, the reads still in flight call back into Orbax's closed event loop,
-  and Python would print each `RuntimeError('Event loop is closed')` as a traceback; drop those."""
+def _drop_closed_loop_reports():
+  """When one read of a restore fails, the reads still in flight call back into Orbax's event
+  loop after it closed, and Python prints each `RuntimeError('Event loop is closed')` as a
+  traceback around our one-line error: drop exactly those reports (installed once)."""
   previous = sys.unraisablehook
+  if getattr(previous, 'drops_closed_loop_reports', False):
+    return
 
   def hook(unraisable):
     if not (isinstance(unraisable.exc_value, RuntimeError) and
             str(unraisable.exc_value) == 'Event loop is closed'):
       previous(unraisable)
+  hook.drops_closed_loop_reports = True
   sys.unraisablehook = hook
 
 
