@@ -67,12 +67,11 @@ def main(argv):
     translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
                                                        _BEAM_SIZE.value, _ALPHA.value)
     sources, references, name = evaluation_texts(config)
+    began = time.time()
+    hypotheses = translator.translate(params, sources)
+    seconds = time.time() - began
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, EvalError) as error:
     sys.exit(f'eval.py: {error}')
-
-  began = time.time()
-  hypotheses = translator.translate(params, sources)
-  seconds = time.time() - began
   sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
   scores = {
       'sacrebleu': sacrebleu_score,

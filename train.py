@@ -13,7 +13,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import config as config_lib
-from transformer import data, trainer
+from transformer import checkpoints, data, trainer
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).',
                                           lock_config=True)
@@ -55,7 +55,8 @@ def main(argv):
   initialize_distributed()
   try:
     trainer.train(_CONFIG.value, _WORKDIR.value)
-  except (config_lib.ConfigError, data.DataError, trainer.TrainingError) as error:
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
+          trainer.TrainingError) as error:
     sys.exit(f'train.py: {error}')
 
 

@@ -9,7 +9,7 @@ from configs import default
 def get_config():
   config = default.get_config()
   config.dataset = 'synthetic'  # generated pairs; --config.dataset=multi30k for real text
-  config.vocab_size = 64
+  config.vocab_size = 320  # 259 byte and special pieces, and ~60 learned from 8 letters
   config.max_length = 16
   config.tokens_per_batch = 1024
   config.model.update(dict(

@@ -83,6 +83,7 @@ BAD_VALUES = [
     ('schedule', 'cosine', "'paper'"),
     ('beam_size', 0, 'integer >= 1'),
     ('loss_chunk_tokens', 0, 'integer >= 1'),
+    ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
 ]
 

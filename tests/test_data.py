@@ -4,6 +4,7 @@ import collections
 import concurrent.futures
 import gzip
 import os
+import shutil
 import threading
 import time
 
@@ -15,6 +16,7 @@ from configs import default, multi30k, tiny
 from transformer import config as config_lib
 from transformer import data
 from transformer.data import batching, sources, synthetic, vocabulary
+from transformer.data import multi30k as multi30k_files
 
 
 def text_config(tmp_path, **overrides):
@@ -29,7 +31,7 @@ def text_config(tmp_path, **overrides):
       (tmp_path / f'{split}.{lang}').write_text(''.join(f'{line}\n' for line in lines))
   config = default.get_config()
   config.update(dataset='text', train_files=str(tmp_path / 'train.{lang}'),
-                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=96,
+                validation_files=str(tmp_path / 'validation.{lang}'), vocab_size=352,
                 max_length=32, tokens_per_batch=512, **overrides)
   return config_lib.validate(config)
 
@@ -118,7 +120,11 @@ def test_special_ids_and_round_trip(corpus):
   assert ids and min(ids) > data.UNK_ID  # no pad, EOS or unk in known text
   assert vocab.decode(ids) == text
   assert vocab.decode([0] + ids + [data.EOS_ID] + vocab.encode('zzz')) == text
-  assert data.UNK_ID in vocab.encode('xyz')  # letters never seen in training
+  # Characters the training text lacks come back as written, spelled in UTF-8 bytes; the last
+  # line would change under NFKC normalisation (ligature, full-width letter, fraction).
+  for unseen in ('xyz', 'Grüße, 日本 😀', 'ﬁ Ａ ½'):
+    ids = vocab.encode(unseen)
+    assert data.UNK_ID not in ids and vocab.decode(ids) == unseen
 
 
 def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, monkeypatch):
@@ -136,8 +142,8 @@ def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, m
     sentence = synthetic.pairs('validation')[0][0]
     assert again.encode(sentence) == first.encode(sentence)
 
-  config.vocab_size = 128
-  with pytest.raises(data.DataError, match='has 64 pieces but config.vocab_size=128'):
+  config.vocab_size = 400
+  with pytest.raises(data.DataError, match='has 320 pieces but config.vocab_size=400'):
     data.load_or_train_vocabulary(config, workdir)
 
 
@@ -397,7 +403,7 @@ def test_tiny_config_on_synthetic_data(tmp_path):
 
 def test_tfds_translation_dataset_end_to_end_with_mock_data(tmp_path):
   config = default.get_config()
-  config.update(vocab_size=40, max_length=32, tokens_per_batch=256, vocab_sample_size=200)
+  config.update(vocab_size=320, max_length=32, tokens_per_batch=256, vocab_sample_size=200)
   config_lib.validate(config)
   with tfds.testing.mock_data(num_examples=120):
     sources, references = data.split_texts(config, 'validation')
@@ -434,6 +440,63 @@ def test_multi30k_from_a_local_directory(multi30k_dir, tmp_path):
   _, french = data.split_texts(config, 'validation')
   with gzip.open(os.path.join(multi30k_dir, 'val.fr.gz'), 'rt') as f:
     assert len(french) == 1014 and french[-1] == f.read().rstrip('\n').split('\n')[-1]
+
+
+def write_lines(path, lines: list[str]):
+  with gzip.open(path, 'wt', encoding='utf-8') as f:
+    f.write(''.join(f'{line}\n' for line in lines))
+
+
+def fake_multi30k(directory) -> str:
+  """The nine Multi30k files, three lines each ('train de 0', ...)."""
+  os.makedirs(directory)
+  for name in multi30k_files.FILE_NAMES:
+    prefix, lang, _ = name.split('.')
+    write_lines(os.path.join(directory, name), [f'{prefix} {lang} {i}' for i in range(3)])
+  return str(directory)
+
+
+def test_multi30k_is_prepared_anew_when_its_files_change(tmp_path):
+  config = multi30k.get_config()
+  config.update(manual_dir=fake_multi30k(tmp_path / 'a'), tfds_data_dir=str(tmp_path / 'tfds'))
+  original = ['train de 0', 'train de 1', 'train de 2']
+  assert data.split_texts(config, 'train')[1] == original
+  changed = shutil.copytree(tmp_path / 'a', tmp_path / 'b')
+  write_lines(changed / 'train.de.gz', ['train de 0', 'geändert', 'train de 2'])
+  config.manual_dir = str(changed)
+  assert data.split_texts(config, 'train')[1] == ['train de 0', 'geändert', 'train de 2']
+
+  shorter = shutil.copytree(tmp_path / 'a', tmp_path / 'c')
+  write_lines(shorter / 'train.de.gz', original[:2])
+  config.manual_dir = str(shorter)
+  with pytest.raises(data.DataError, match=rf'^{shorter}/train.en.gz has 3 lines but '
+                                           rf'{shorter}/train.de.gz has 2'):
+    data.split_texts(config, 'train')
+  broken = shutil.copytree(tmp_path / 'a', tmp_path / 'd')
+  with gzip.open(broken / 'train.de.gz', 'wb') as f:
+    f.write(b'train de 0\n\xff\ntrain de 2\n')
+  config.manual_dir = str(broken)
+  with pytest.raises(data.DataError, match=rf'^{broken}/train.de.gz:2: invalid UTF-8'):
+    data.split_texts(config, 'train')
+  os.remove(broken / 'val.fr.gz')
+  with pytest.raises(data.DataError, match=rf'^{broken}/val.fr.gz: no such file; '
+                                           'config.manual_dir must hold all of'):
+    data.split_texts(config, 'train')
+
+  config.manual_dir = str(tmp_path / 'a')  # its own data, prepared earlier
+  assert data.split_texts(config, 'train')[1] == original
+
+
+def test_downloaded_multi30k_is_prepared_anew_when_the_download_changes(tmp_path, monkeypatch):
+  served = [fake_multi30k(tmp_path / 'first')]  # what the URLs give, as local files
+  monkeypatch.setattr(tfds.download.DownloadManager, 'download', lambda self, urls: {
+      name: os.path.join(served[0], url.rsplit('/', 1)[1]) for name, url in urls.items()})
+  config = multi30k.get_config()
+  config.update(manual_dir='', tfds_data_dir=str(tmp_path / 'tfds'))
+  assert data.split_texts(config, 'test')[0][0] == 'test_2016_flickr en 0'
+  served[0] = str(shutil.copytree(tmp_path / 'first', tmp_path / 'second'))
+  write_lines(tmp_path / 'second' / 'test_2016_flickr.en.gz', ['new', 'text', 'here'])
+  assert data.split_texts(config, 'test')[0] == ['new', 'text', 'here']
 
 
 # Bad input: one DataError naming the file (and line) and the fix.

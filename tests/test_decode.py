@@ -144,3 +144,44 @@ def test_length_penalty_is_gnmts():
   assert float(decode.length_penalty(1, 0.6)) == pytest.approx(1.0)
   assert float(decode.length_penalty(7, 0.6)) == pytest.approx(2.0**0.6)
   assert float(decode.length_penalty(10, 0.0)) == 1.0
+
+
+class PreviousTokenScorer:
+  """A hand-built model: the next token's probabilities depend on the previous token only."""
+
+  def __init__(self, table, rows: int):
+    self.table = jnp.log(jnp.asarray(table))
+    self.initial_cache = jnp.zeros(rows)  # nothing to remember
+
+  def log_probs(self, cache, tokens):
+    return self.table[tokens], cache
+
+  reorder = resize = staticmethod(lambda cache, _: cache)
+
+
+@pytest.mark.parametrize('beam_size', [1, 2])
+def test_a_longer_hypothesis_found_after_beam_finished_ones_wins(beam_size):
+  # Tokens: 0 start/pad, 1 EOS, 2-4 words A, B, C; table[previous][next]. EOS alone finishes
+  # first, and with beam 2 "B EOS" finishes next, but with alpha=2 "A C EOS" scores best.
+  tiny = 1e-6
+  table = np.array([[tiny, 0.40, 0.35, 0.25, tiny],   # after the start symbol
+                    [tiny] * 5,                        # after EOS (never read)
+                    [tiny, 0.30, tiny, tiny, 0.70],   # after A
+                    [tiny, 0.99, tiny, tiny, tiny],   # after B
+                    [tiny, 0.99, tiny, tiny, tiny]])  # after C
+  limit, alpha = 6, 2.0
+  scorer = PreviousTokenScorer(table, beam_size)
+  tokens, scores, _ = jax.jit(decode.search, static_argnums=(0, 2, 3, 4))(
+      scorer, jnp.array([limit]), beam_size, alpha, (limit,))
+
+  def score(sequence):
+    previous = [0] + sequence[:-1]
+    return np.log(table[previous, sequence]).sum() / float(decode.length_penalty(len(sequence),
+                                                                                 alpha))
+  candidates = [list(body) + [decode.EOS_ID] for length in range(limit)
+                for body in itertools.product([2, 3, 4], repeat=length)]
+  best = max(candidates, key=score)
+  assert best == [2, 4, decode.EOS_ID]
+  assert score(best) > score([decode.EOS_ID]) > score([3, decode.EOS_ID])
+  assert strip(tokens[0]) == best
+  assert float(scores[0]) == pytest.approx(score(best), abs=1e-5)

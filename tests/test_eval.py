@@ -151,3 +151,15 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
                         f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
       f'eval.py: {source} has 2 lines but {reference} has 1: they must be aligned line by line')
   assert not (tmp_path / 'scores.json').exists()
+
+
+def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path):
+  damaged = tmp_path / 'damaged'
+  shutil.copytree(workdir, damaged)
+  step_dir = damaged / 'checkpoints' / '100'
+  os.remove(max((p for p in (step_dir / 'state').rglob('*') if p.is_file()),
+                key=lambda p: p.stat().st_size))
+  message = error_line(run('eval.py', f'--workdir={damaged}', f'--output_dir={tmp_path}'))
+  assert message.startswith(f'eval.py: {step_dir} cannot be read, a file in it is damaged or '
+                            'missing (')
+  assert message.endswith('delete that directory to use checkpoint 75 instead')

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from transformer import loss
-from transformer.model import Transformer, TransformerConfig, output_table
+from transformer.model import Transformer, TransformerConfig, output_table, project
 
 
 def test_label_smoothed_loss_equals_optax_smooth_labels():
@@ -49,7 +49,7 @@ def _sums_and_grads(sums_fn, states, table):
 def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real,
                                                                     label_smoothing):
   states, table, targets = _problem(real=real)
-  full = lambda s, t: loss.token_sums(loss.project(s, t, jnp.float32), targets, label_smoothing)
+  full = lambda s, t: loss.token_sums(project(s, t), targets, label_smoothing)
   chunked = lambda s, t: loss.projected_token_sums(s, t, targets, label_smoothing, chunk)
   (want, want_grads), (got, got_grads) = (_sums_and_grads(f, states, table)
                                           for f in (full, chunked))
@@ -64,14 +64,14 @@ def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real
 def test_chunked_sums_without_gradients_and_under_a_scaled_loss():
   """The forward-only path (evaluation) and a loss scaled after the sums (normalisation)."""
   states, table, targets = _problem()
-  want = loss.token_sums(loss.project(states, table, jnp.float32), targets, 0.1)
+  want = loss.token_sums(project(states, table), targets, 0.1)
   got = jax.jit(lambda s, t: loss.projected_token_sums(s, t, targets, 0.1, 16))(states, table)
   for name in loss.SUMS:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5)
   scaled = lambda fn: jax.grad(lambda s: 3.0 * fn(s)['loss'] / fn(s)['tokens'])(states)
   np.testing.assert_allclose(
       scaled(lambda s: loss.projected_token_sums(s, table, targets, 0.1, 16)),
-      scaled(lambda s: loss.token_sums(loss.project(s, table, jnp.float32), targets, 0.1)),
+      scaled(lambda s: loss.token_sums(project(s, table), targets, 0.1)),
       rtol=1e-4, atol=1e-7)
 
 
@@ -96,8 +96,8 @@ def test_projection_of_the_decoder_output_is_the_models_logits(variant):
   logits = model.apply({'params': params}, sources, targets)
   states = model.apply({'params': params}, sources, targets, project=False)
   assert states.shape == (3, 9, 16) and logits.dtype == jnp.float32
-  np.testing.assert_array_equal(loss.project(states, output_table(params), cfg.dtype), logits)
+  np.testing.assert_array_equal(project(states, output_table(params)), logits)
   want = loss.token_sums(logits, targets, 0.1)
-  got = loss.projected_token_sums(states, output_table(params), targets, 0.1, 8, cfg.dtype)
+  got = loss.projected_token_sums(states, output_table(params), targets, 0.1, 8)
   for name in loss.SUMS:
-    np.testing.assert_allclose(got[name], want[name], rtol=1e-3 if variant else 1e-5)
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5)

@@ -8,7 +8,8 @@ import pytest
 
 from configs import default, wmt14
 from transformer import config as config_lib
-from transformer.model import Transformer, TransformerConfig, parameter_count, sinusoidal_encoding
+from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count,
+                               sinusoidal_encoding)
 
 SMALL = TransformerConfig(vocab_size=23, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, max_positions=64)
@@ -184,6 +185,19 @@ def test_bfloat16_compute_stays_close_to_float32():
   p_full, p_half = jax.nn.log_softmax(full), jax.nn.log_softmax(half)
   assert np.abs(p_full - p_half).max() < 0.1
   assert (np.argmax(full, -1) == np.argmax(half, -1)).mean() > 0.9
+
+
+@pytest.mark.parametrize('tie_output_embedding', [True, False])
+def test_bfloat16_models_project_to_unrounded_float32_logits(tie_output_embedding):
+  # bfloat16 logits would be off by up to 2^-9 of their size: beam scores and the loss rounded.
+  cfg = SMALL.replace(dtype=jnp.bfloat16, tie_output_embedding=tie_output_embedding)
+  sources, targets = random_tokens(0, (4, 12), cfg.vocab_size), random_tokens(1, (4, 10))
+  params = init(cfg, sources, targets)['params']
+  logits = Transformer(cfg).apply({'params': params}, sources, targets)
+  states = Transformer(cfg).apply({'params': params}, sources, targets, project=False)
+  assert states.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+  want = np.asarray(states, np.float64) @ np.asarray(output_table(params), np.float64).T
+  np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])

@@ -155,6 +155,27 @@ def test_resuming_with_another_model_is_refused(full_run):
   assert 'config.model.d_ff=128 conflicts with 64 in' in result.stderr
 
 
+@pytest.mark.parametrize('damage', ['truncate', 'delete'])
+def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, tmp_path, damage):
+  workdir = os.path.join(str(tmp_path), 'run')
+  shutil.copytree(full_run, workdir)
+  step_dir = os.path.join(workdir, 'checkpoints', '100')
+  largest = max((os.path.join(d, f) for d, _, files in os.walk(os.path.join(step_dir, 'state'))
+                 for f in files), key=os.path.getsize)
+  if damage == 'truncate':
+    os.truncate(largest, os.path.getsize(largest) // 2)
+  else:
+    os.remove(largest)
+  result = run_train(workdir, '--config.num_train_steps=150', expect_ok=False)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  message = result.stderr.strip().splitlines()[-1]
+  assert message.startswith(f'train.py: {step_dir} cannot be read, a file in it is damaged or '
+                            'missing (')
+  assert message.endswith('delete that directory to use checkpoint 50 instead')
+  shutil.rmtree(step_dir)  # as the message says
+  assert 'resumed from step 50' in run_train(workdir, '--config.num_train_steps=60').stderr
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))

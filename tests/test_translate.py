@@ -37,3 +37,25 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
     outputs[budget] = translator.translate(params, sentences)
   assert len(outputs[4096]) == 37 and any(outputs[4096])
   assert outputs[LENGTH_STEP] == outputs[4096]
+
+
+def test_sources_too_long_for_learned_positions_get_one_clear_error(tmp_path):
+  config = tiny.get_config()
+  config.model.update(positional_encoding='learned', max_positions=24)
+  config.decode_extra_length = 8  # sources of up to 16 tokens with EOS fit
+  config = config_lib.validate(config)
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+  params = jax_utils.replicate(
+      train_step.initial_state(config, config_lib.model_config(config)).params)
+  translator = translate.Translator(config, vocab, beam_size=2, alpha=0.6)
+  short = data.split_texts(config, 'validation')[0][:3]
+  lengths = [len(vocab.encode(s)) + 1 for s in short]
+  assert max(lengths) <= 16
+  long = ' '.join(short * 4)
+  assert len(vocab.encode(long)) + 1 > 16
+  assert len(translator.translate(params, short)) == 3
+  with pytest.raises(data.DataError) as error:
+    translator.translate(params, short + [long, long])
+  assert str(error.value).startswith(
+      f'input line 4 has {len(vocab.encode(long)) + 1} tokens (with EOS), and 2 line(s) in all '
+      'have more than 16: the model\'s learned positions (model.max_positions=24)')

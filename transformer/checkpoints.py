@@ -6,6 +6,7 @@ and restore: Orbax coordinates the writes.
 """
 
 import os
+import sys
 
 import jax
 import numpy as np
@@ -47,9 +48,21 @@ class Checkpoints:
   def restore(self, step: int, like):
     """(state tree shaped as `like`, meta dict) of checkpoint `step`, as numpy arrays."""
     target = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), like)
-    restored = self.manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
+    _drop_closed_loop_reports()
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
+    except Exception as error:  # Orbax and TensorStore raise many kinds for a damaged file
+      raise CheckpointError(self._unreadable(step, error)) from None
     return restored[STATE], restored[META]
+
+  def _unreadable(self, step: int, error: Exception) -> str:
+    earlier = [s for s in self.all_steps() if s < step]
+    fix = (f'delete that directory to use checkpoint {earlier[-1]} instead' if earlier else
+           'it is the only checkpoint: delete it to start again from scratch')
+    reason = (str(error).strip().splitlines() or [''])[0][:300]
+    return (f'{os.path.join(self.directory, str(step))} cannot be read, a file in it is damaged '
+            f'or missing ({type(error).__name__}: {reason}); {fix}')
 
   def mean_params(self, count: int, like) -> tuple[dict, list[int]]:
     """(mean parameters of the newest `count` checkpoints, or of all if fewer are kept, and
@@ -62,6 +75,22 @@ class Checkpoints:
 
   def close(self):
     self.manager.close()
+
+
+def _drop_closed_loop_reports():
+  """When one read of a restore fails, the reads still in flight call back into Orbax's event
+  loop after it closed, and Python prints each `RuntimeError('Event loop is closed')` as a
+  traceback around our one-line error: drop exactly those reports (installed once)."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'drops_closed_loop_reports', False):
+    return
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError) and
+            str(unraisable.exc_value) == 'Event loop is closed'):
+      previous(unraisable)
+  hook.drops_closed_loop_reports = True
+  sys.unraisablehook = hook
 
 
 class CheckpointError(RuntimeError):

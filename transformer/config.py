@@ -19,6 +19,7 @@ MULTI30K_LANGUAGES = ('en', 'de', 'fr')
 # Datasets without a TFDS name; anything of the form 'name/config' is looked up in TFDS.
 LOCAL_DATASETS = ('multi30k', 'synthetic', 'text')
 SCHEDULES = ('paper', 'warmup_rsqrt')
+BYTE_AND_SPECIAL_PIECES = 256 + 3  # every vocabulary holds these besides what it learns
 # Set by the code for each use of the model (training, evaluation, decoding), never by a config.
 RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode'}
 
@@ -82,8 +83,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f'model.d_model={d_model} must be divisible by it (d_k = d_v = d_model / heads); '
           f'choose a divisor of {d_model}')
   for key in ('model.d_ff', 'model.num_encoder_layers', 'model.num_decoder_layers',
-              'model.max_positions', 'vocab_size', 'loss_chunk_tokens'):
+              'model.max_positions', 'loss_chunk_tokens'):
     _check_int(config, key, 1)
+  if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES:
+    _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
+          f'{BYTE_AND_SPECIAL_PIECES} of it, and the pieces learned from the text come on top; '
+          'use at least a few hundred more')
   for key in ('model.dropout_rate', 'model.attention_dropout_rate', 'model.relu_dropout_rate',
               'label_smoothing'):
     _check_real(config, key, 0.0, 1.0)

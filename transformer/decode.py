@@ -54,6 +54,19 @@ class _Decoder:
         method=Transformer.decode, mutable=['cache'])
     return jax.nn.log_softmax(logits[:, 0]), variables['cache']
 
+  @staticmethod
+  def reorder(cache, rows):
+    """The cache of rows `rows` [batch * beam] of [batch * beam, ...]: self-attention caches
+    follow their beams; cross-attention ones are the same for all."""
+    # Whole rows: a row copy, where a gather inside [batch, beam, ...] runs element by element.
+    def gather(path, x):
+      if x.ndim == 0 or any(getattr(k, 'key', None) == 'cross_attention' for k in path):
+        return x
+      return jnp.take(x, rows, axis=0)
+    return jax.tree_util.tree_map_with_path(gather, cache)
+
+  resize = staticmethod(resize_cache)
+
 
 def _gather_beams(x, beams):
   """x[b, beams[b, i], ...] for x of shape [batch, beam, ...] and beams of shape [batch, k]."""
@@ -93,28 +106,24 @@ def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, 
 
   Returns (tokens [batch, length], scores [batch], number of decoding steps run).
   """
-  batch, length = sources.shape[0], sources.shape[1] + extra_length
-  limits = max_output_lengths(sources, extra_length)
-  best_possible_penalty = length_penalty(limits, alpha)
+  length = sources.shape[1] + extra_length
   stage_ends = list(range(cache_stage, length, cache_stage)) + [length]
   decoder = _Decoder(config, params, sources, beam_size, stage_ends[0])
+  return search(decoder, max_output_lengths(sources, extra_length), beam_size, alpha, stage_ends)
 
-  def reorder_cache(cache, beams):
-    """Self-attention caches follow their beams; cross-attention ones are the same for all."""
-    # Whole rows of [batch * beam, ...]: a row copy, where a gather inside [batch, beam, ...]
-    # runs element by element.
-    rows = (jnp.arange(batch)[:, None] * beam_size + beams).reshape(-1)
-    def gather(path, x):
-      if x.ndim == 0 or any(getattr(k, 'key', None) == 'cross_attention' for k in path):
-        return x
-      return jnp.take(x, rows, axis=0)
-    return jax.tree_util.tree_map_with_path(gather, cache)
+
+def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
+  """Beam search over any scorer with `_Decoder`'s interface: `initial_cache` for batch * beam
+  rows, `log_probs(cache, tokens)`, `reorder(cache, rows)` and `resize(cache, length)`. `limits`
+  [batch] are the longest outputs; the search runs in stages, its cache resized to each stage's
+  end, the last end being the output length."""
+  batch, length = limits.shape[0], stage_ends[-1]
+  best_possible_penalty = length_penalty(limits, alpha)
 
   def sentence_done(live_log_probs, finished_scores):
-    """A sentence is done with `beam` finished hypotheses, or when none alive can win."""
-    # Log-probabilities only fall, and the penalty is largest at the longest allowed length.
-    best_live = live_log_probs[:, 0] / best_possible_penalty
-    return (finished_scores[:, -1] > NEG_INF) | (best_live <= finished_scores[:, 0])
+    """A sentence is done when no live hypothesis can beat its best finished one: log-
+    probabilities only fall, and the penalty is largest at the longest allowed length."""
+    return live_log_probs[:, 0] / best_possible_penalty <= finished_scores[:, 0]
 
   def not_done(state):
     position, _, live_log_probs, _, finished_scores, _ = state
@@ -126,7 +135,7 @@ def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, 
     last = jax.lax.dynamic_index_in_dim(live_tokens, jnp.maximum(position - 1, 0), axis=2,
                                         keepdims=False)
     last = jnp.where(position == 0, 0, last)  # the start symbol
-    log_probs, cache = decoder.log_probs(cache, last.reshape(-1))
+    log_probs, cache = scorer.log_probs(cache, last.reshape(-1))
     log_probs = log_probs.reshape(batch, beam_size, -1)
     log_probs = _allowed(log_probs, (position + 1 >= limits)[:, None, None])
     vocab = log_probs.shape[-1]
@@ -152,16 +161,17 @@ def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, 
     # Live: the best `beam` candidates that did not end.
     live_log_probs, keep = jax.lax.top_k(jnp.where(ends, NEG_INF, top_log_probs), beam_size)
     live_tokens = _gather_beams(top_sequences, keep)
-    cache = reorder_cache(cache, jnp.take_along_axis(top_beams, keep, axis=1))
+    beams = jnp.take_along_axis(top_beams, keep, axis=1)
+    cache = scorer.reorder(cache, (jnp.arange(batch)[:, None] * beam_size + beams).reshape(-1))
     return position + 1, live_tokens, live_log_probs, finished_tokens, finished_scores, cache
 
   # Only the first live beam starts alive, so the first step does not pick one token `beam` times.
   live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1)), (batch, 1))
   tokens = jnp.zeros((batch, beam_size, length), jnp.int32)
   state = (jnp.array(0), tokens, live_log_probs, tokens,
-           jnp.full((batch, beam_size), NEG_INF), decoder.initial_cache)
+           jnp.full((batch, beam_size), NEG_INF), scorer.initial_cache)
   for end in stage_ends:  # each stage a loop with a cache of `end` positions
-    state = state[:-1] + (resize_cache(state[-1], end),)
+    state = state[:-1] + (scorer.resize(state[-1], end),)
     state = jax.lax.while_loop(lambda state, end=end: not_done(state) & (state[0] < end), step,
                                state)
   steps, _, _, finished_tokens, finished_scores, _ = state

@@ -12,6 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from transformer.model import project
+
 SUMS = ('loss', 'nll', 'correct', 'tokens')
 
 
@@ -38,18 +40,12 @@ def token_sums(logits, targets, label_smoothing: float) -> dict:
   }
 
 
-def project(states, table, dtype):
-  """Float32 logits of `states` [..., d_model] against the output table [vocab, d_model],
-  computed in `dtype` as the model's output projection computes them."""
-  return jnp.dot(states.astype(dtype), table.astype(dtype).T).astype(jnp.float32)
-
-
-def _chunk_sums(states, table, targets, label_smoothing, dtype):
-  sums = token_sums(project(states, table, dtype), targets, label_smoothing)
+def _chunk_sums(states, table, targets, label_smoothing):
+  sums = token_sums(project(states, table), targets, label_smoothing)
   return sums['loss'], sums
 
 
-def _chunked(states, table, targets, label_smoothing, chunk, dtype, with_grads):
+def _chunked(states, table, targets, label_smoothing, chunk, with_grads):
   """(sums, d loss / d states, d loss / d table) over [tokens, d_model] states, chunk by chunk;
   the gradients are None unless `with_grads`."""
   size, width = states.shape
@@ -70,10 +66,10 @@ def _chunked(states, table, targets, label_smoothing, chunk, dtype, with_grads):
       sums, table_grad = carry
       if with_grads:
         (_, chunk), (states_grad, chunk_table_grad) = sums_and_grads(
-            chunk_states, table, chunk_targets, label_smoothing, dtype)
+            chunk_states, table, chunk_targets, label_smoothing)
         table_grad = table_grad + chunk_table_grad
       else:
-        _, chunk = _chunk_sums(chunk_states, table, chunk_targets, label_smoothing, dtype)
+        _, chunk = _chunk_sums(chunk_states, table, chunk_targets, label_smoothing)
         states_grad = None
       return (jax.tree_util.tree_map(jnp.add, sums, chunk), table_grad), states_grad
 
@@ -89,19 +85,18 @@ def _chunked(states, table, targets, label_smoothing, chunk, dtype, with_grads):
   return sums, states_grad, table_grad
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _sums(states, table, targets, label_smoothing, chunk, dtype):
-  return _chunked(states, table, targets, label_smoothing, chunk, dtype, False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _sums(states, table, targets, label_smoothing, chunk):
+  return _chunked(states, table, targets, label_smoothing, chunk, False)[0]
 
 
-def _sums_forward(states, table, targets, label_smoothing, chunk, dtype):
-  sums, states_grad, table_grad = _chunked(states, table, targets, label_smoothing, chunk, dtype,
-                                           True)
+def _sums_forward(states, table, targets, label_smoothing, chunk):
+  sums, states_grad, table_grad = _chunked(states, table, targets, label_smoothing, chunk, True)
   return sums, (states_grad, table_grad)
 
 
-def _sums_backward(label_smoothing, chunk, dtype, grads, cotangents):
-  del label_smoothing, chunk, dtype
+def _sums_backward(label_smoothing, chunk, grads, cotangents):
+  del label_smoothing, chunk
   scale = cotangents['loss']  # the other sums leave projected_token_sums without a gradient
   states_grad, table_grad = (grad * scale.astype(grad.dtype) for grad in grads)
   return states_grad, table_grad, None
@@ -110,13 +105,11 @@ def _sums_backward(label_smoothing, chunk, dtype, grads, cotangents):
 _sums.defvjp(_sums_forward, _sums_backward)
 
 
-def projected_token_sums(states, table, targets, label_smoothing: float, chunk: int,
-                         dtype=jnp.float32) -> dict:
-  """`token_sums(project(states, table, dtype), targets, label_smoothing)`, `chunk` target
+def projected_token_sums(states, table, targets, label_smoothing: float, chunk: int) -> dict:
+  """`token_sums(model.project(states, table), targets, label_smoothing)`, `chunk` target
   positions at a time. states [..., d_model], table [vocab, d_model], targets [...] (0 = padding).
   Only 'loss' carries a gradient."""
   width = states.shape[-1]
-  sums = _sums(states.reshape(-1, width), table, targets.reshape(-1), label_smoothing, chunk,
-               jnp.dtype(dtype))
+  sums = _sums(states.reshape(-1, width), table, targets.reshape(-1), label_smoothing, chunk)
   return {name: value if name == 'loss' else jax.lax.stop_gradient(value)
           for name, value in sums.items()}

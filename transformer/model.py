@@ -311,11 +311,13 @@ class Transformer(nn.Module):
       self.target_embedding = target_embedding = embed()
     self.encoder = Encoder(cfg, self.source_embedding)
     self.decoder = Decoder(cfg, target_embedding)
+    # The output projection runs in float32 whatever cfg.dtype: bfloat16 logits would round the
+    # loss and the beam scores (8 bits of mantissa).
     if cfg.tie_output_embedding:
-      self.project_output = target_embedding.attend
+      self.project_output = lambda y: project(y, target_embedding.embedding)
     else:
       self.output_projection = nn.Dense(
-          cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
           kernel_init=_dense_init())
       self.project_output = self.output_projection
 
@@ -332,7 +334,7 @@ class Transformer(nn.Module):
     """
     y = self.decoder(encoded, sources, targets, target_positions, source_segment_ids,
                      target_segment_ids)
-    return self.project_output(y).astype(jnp.float32)
+    return self.project_output(y)
 
   def __call__(self, sources, targets, source_positions=None, source_segment_ids=None,
                target_positions=None, target_segment_ids=None, project: bool = True) -> Array:
@@ -367,6 +369,11 @@ def parameter_count(config: TransformerConfig) -> int:
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
   return sum(x.size for x in jax.tree_util.tree_leaves(shapes['params']))
+
+
+def project(states: Array, table: Array) -> Array:
+  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model]."""
+  return jnp.dot(states.astype(jnp.float32), table.astype(jnp.float32).T)
 
 
 def output_table(params) -> Array:

@@ -30,7 +30,7 @@ def initial_state(config: ml_collections.ConfigDict, model_config: TransformerCo
 def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, rngs=None):
   states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
   sums = loss.projected_token_sums(states, output_table(params), batch['targets'],
-                                   label_smoothing, chunk, model.config.dtype)
+                                   label_smoothing, chunk)
   sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
   return sums
 

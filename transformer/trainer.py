@@ -155,7 +155,11 @@ class _Evaluator:
         logging.warning('no BLEU on %s: %s', split, error)
         return
     sources, references = self.texts[split]
-    hypotheses = self.translator.translate(params, sources)
+    try:
+      hypotheses = self.translator.translate(params, sources)
+    except data.DataError as error:  # a sentence too long for learned positions
+      logging.warning('no BLEU on %s: %s', split, error)
+      return
     language = self.config.target_lang
     values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, language)[0],
               'bleu_paper': bleu.paper_bleu(hypotheses, references, language)}

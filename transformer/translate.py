@@ -55,6 +55,9 @@ class Translator:
     # Per device, beam_size hypotheses of every sentence share the training token budget.
     self.tokens_per_device = max(config.tokens_per_batch // (
         config.grad_accum_steps * self.devices * beam_size), LENGTH_STEP)
+    # Learned positions end at max_positions; past it their lookup gives NaN embeddings.
+    self.max_source_tokens = (config.model.max_positions - config.decode_extra_length
+                              if config.model.positional_encoding == 'learned' else None)
     self._search = jax.pmap(
         lambda params, sources: decode.beam_search(
             model_config, params, sources, beam_size=beam_size, alpha=alpha,
@@ -63,6 +66,7 @@ class Translator:
   def translate(self, params, sentences: list[str]) -> list[str]:
     """Translations of `sentences` with `params` replicated over the local devices."""
     encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
+    self._check_lengths(encoded)
     translations = [''] * len(sentences)
     for indices, rows, length in decode_batches([len(ids) for ids in encoded],
                                                 self.tokens_per_device, self.devices):
@@ -76,6 +80,19 @@ class Translator:
       for row, i in enumerate(indices):
         translations[i] = self.vocab.decode(outputs[row])
     return translations
+
+  def _check_lengths(self, encoded: list[list[int]]):
+    if self.max_source_tokens is None:
+      return
+    too_long = [i for i, ids in enumerate(encoded) if len(ids) > self.max_source_tokens]
+    if too_long:
+      first = too_long[0]
+      raise data.DataError(
+          f'input line {first + 1} has {len(encoded[first])} tokens (with EOS), and '
+          f'{len(too_long)} line(s) in all have more than {self.max_source_tokens}: the model\'s '
+          f'learned positions (model.max_positions={self.config.model.max_positions}) cover a '
+          f'source and its output of up to decode_extra_length={self.config.decode_extra_length} '
+          'more tokens; split those lines into shorter sentences')
 
 
 def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
@@ -100,7 +117,10 @@ def main(argv):
           UnicodeDecodeError) as error:
     sys.exit(f'translate: {error}')
   began = time.time()
-  translations = translator.translate(params, sentences)
+  try:
+    translations = translator.translate(params, sentences)
+  except data.DataError as error:
+    sys.exit(f'translate: {error}')
   logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences), time.time() - began,
                steps)
   text = ''.join(t + '\n' for t in translations)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 import tensorflow_datasets as tfds
+from absl import logging
 
 from transformer.data import multi30k, synthetic, text_files
 from transformer.data.errors import DataError
@@ -73,8 +74,14 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
                     'directory holding train/val/test_2016_flickr.{en,de,fr}.gz, or leave it '
                     'empty to download them')
   tfds.disable_progress_bar()
-  builder = multi30k.Multi30k(local_dir=config.manual_dir, data_dir=config.tfds_data_dir or None,
-                              file_format='array_record')
+  root = config.tfds_data_dir or tfds.core.constants.DATA_DIR
+  paths = multi30k.source_files(config.manual_dir, os.path.join(root, 'downloads'))
+  digest = multi30k.sources_digest(paths)
+  prepared = os.path.join(root, 'multi30k_sources', digest[:16])
+  builder = multi30k.Multi30k(paths=paths, data_dir=prepared, file_format='array_record')
+  if not builder.is_prepared():
+    logging.info('preparing multi30k from %s (files sha256 %s) in %s',
+                 config.manual_dir or 'the download', digest[:16], prepared)
   builder.download_and_prepare()
   return _from_data_source(f'multi30k ({split})', builder.as_data_source(split),
                            config.source_lang, config.target_lang)

@@ -1,7 +1,9 @@
 """The joint source-target SentencePiece vocabulary, trained once per workdir and then reused.
 
 Fixed ids: PAD_ID=0 (padding, and the decoder's start symbol), EOS_ID=1 (ends every sentence),
-UNK_ID=2; there is no beginning-of-sentence id.
+UNK_ID=2; there is no beginning-of-sentence id. The text is kept as written (no NFKC rewriting), and
+characters the training text lacks are spelled as UTF-8 bytes (256 byte pieces), so decoding gives
+back any input exactly, never the unknown symbol.
 """
 
 import io
@@ -60,10 +62,11 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=config.vocab_size,
         model_type=config.vocab_model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-        bos_id=-1, num_threads=os.cpu_count(), minloglevel=2)
+        bos_id=-1, byte_fallback=True, normalization_rule_name='identity',
+        num_threads=os.cpu_count(), minloglevel=2)
   except RuntimeError as error:
     raise DataError(f'config.vocab_size={config.vocab_size}: SentencePiece cannot build it from '
-                    f'{corpus.name} ({error}); lower config.vocab_size') from None
+                    f'{corpus.name} ({error}); change config.vocab_size as it says') from None
   return model.getvalue()
 
 
