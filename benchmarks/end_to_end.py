@@ -24,7 +24,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks.multi30k_setup import MANUAL_DIR
-from benchmarks.measure import add_row, commit, machine, matmul_peak, tflops
+from benchmarks.measure import add_row, commit, machine, machine_name, matmul_peak, tflops
 
 _CHECKOUT = flags.DEFINE_string('checkout', os.path.dirname(os.path.dirname(__file__)),
                                 'The repository checkout whose train.py and eval.py run.')
@@ -97,8 +97,7 @@ def markdown(results: dict) -> str:
         f'| {label} | {r["commit"]} | {" ".join(r.get("overrides", [])) or "-"} | '
         f'{r["step_secs"]:.3f} | {r["target_tokens_per_sec"]:,.0f} | '
         f'{tflops(r["model_flops_per_sec"], r["matmul_peak_flops_per_sec"])} | '
-        f'{r["eval_sentences_per_sec"]:.1f} | {r["machine"]["cores"]} cores, '
-        f'{r["machine"]["cpu"]} |')
+        f'{r["eval_sentences_per_sec"]:.1f} | {machine_name(r["machine"])} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -27,7 +27,8 @@ def timed(fn, repeats: int) -> float:
 
 
 def machine() -> dict:
-  """CPU model with its widest vector unit, cores and library versions."""
+  """CPU model with its widest vector unit, cores, the accelerator if jax uses one, and library
+  versions."""
   cpu = platform.processor() or platform.machine()
   if os.path.exists('/proc/cpuinfo'):
     with open('/proc/cpuinfo') as f:
@@ -39,8 +40,17 @@ def machine() -> dict:
     vector = next((name for flag, name in (('avx512f', 'AVX-512'), ('avx2', 'AVX2'))
                    if flag in flags), '')
     cpu = (value('model name') or cpu) + (f' ({vector})' if vector else '')
-  return {'cpu': cpu, 'cores': os.cpu_count(), 'devices': jax.local_device_count(),
-          'jax': jax.__version__, 'flax': flax.__version__}
+  accelerator = jax.devices()[0].device_kind if jax.default_backend() != 'cpu' else None
+  return {'cpu': cpu, 'cores': os.cpu_count(), 'accelerator': accelerator,
+          'devices': jax.local_device_count(), 'jax': jax.__version__, 'flax': flax.__version__}
+
+
+def machine_name(machine: dict) -> str:
+  """'2 cores, <cpu>', followed by the accelerator's device count and kind where there is one."""
+  name = f'{machine["cores"]} cores, {machine["cpu"]}'
+  if machine.get('accelerator'):  # rows measured before this key existed ran on CPUs
+    name += f', {machine["devices"]}x {machine["accelerator"]}'
+  return name
 
 
 def matmul_peak(repeats: int) -> dict:

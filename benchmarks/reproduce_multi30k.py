@@ -26,7 +26,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.measure import add_row, commit, machine
+from benchmarks.measure import add_row, commit, machine, machine_name
 from benchmarks.multi30k_setup import MANUAL_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +109,7 @@ def markdown(rows: dict) -> str:
         lines.append(
             f'| {r["pair"]} | {split} | {s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} | '
             f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sentences_per_sec"]:.1f} | '
-            f'{s["checkpoint_steps"]} | {r["machine"]["cores"]} cores, {r["machine"]["cpu"]} | '
+            f'{s["checkpoint_steps"]} | {machine_name(r["machine"])} | '
             f'{r["commit"]} |')
   lines += ['', 'Variants tried, beside the recipe (validation BLEU: the recipe is chosen on it):',
             '', '| variant | pair | config overrides | steps | training minutes | validation '
@@ -120,7 +120,7 @@ def markdown(rows: dict) -> str:
       s = r['splits']['validation']
       lines.append(f'| {label} | {r["pair"]} | {" ".join(r["overrides"]) or "(the recipe)"} | '
                    f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sacrebleu"]:.2f} | '
-                   f'{s["bleu_paper"]:.2f} | {r["machine"]["cpu"]} |')
+                   f'{s["bleu_paper"]:.2f} | {machine_name(r["machine"])} |')
   return '\n'.join(lines) + '\n'
 
 
