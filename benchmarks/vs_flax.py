@@ -8,7 +8,7 @@ tensorflow and clu at top level for its input pipeline and logging, which are no
 its tf.data input_pipeline are stubbed in `sys.modules` rather than installed.
 
 Both models have the size of configs/multi30k.py (d_model 256, d_ff 1024, 4 heads, 3 + 3 layers,
-8000-token shared vocabulary tied to the output, dropout 0.1, no attention dropout, float32).
+its shared vocabulary tied to the output, dropout 0.1, no attention dropout, float32).
 Both run on the same random batches: each side of each row has a length drawn uniformly from
 [L/2, L], so about 75% of the slots are real tokens, as in the length buckets of Multi30k. Each
 round times one side then the other (the order alternating); times are medians and the ratio is
