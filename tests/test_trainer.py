@@ -75,6 +75,9 @@ def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full
   eval_rows = [r for r in rows if r.get('split') == 'validation' and 'loss' in r]
   assert [r['step'] for r in train_rows] == [20, 40, 60, 80, 100]
   assert [r['step'] for r in eval_rows] == [50, 100]
+  # Every row has its wall-clock time, in the order written, within the last hour.
+  times = [r['time'] for r in rows]
+  assert times == sorted(times) and time.time() - 3600 < times[0] < times[-1] < time.time()
   # The end: both BLEUs on validation and test with the last average_last=2 checkpoints.
   assert [(r['split'], r['checkpoint_steps']) for r in rows if 'sacrebleu' in r] == [
       ('validation', [50, 100]), ('test', [50, 100])]

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 
 import numpy as np
 from tensorboardX import SummaryWriter
@@ -24,7 +25,8 @@ def summarize(step_sums: list[dict]) -> dict:
 
 
 class MetricsWriter:
-  """Appends one JSON object per call to `<workdir>/metrics.jsonl` and mirrors it to TensorBoard.
+  """Appends one JSON object per call to `<workdir>/metrics.jsonl` (with `step`, `time`, and
+  `split` for evaluations) and mirrors it to TensorBoard.
 
   Only process 0 writes; the others accept calls and do nothing.
   """
@@ -38,7 +40,8 @@ class MetricsWriter:
   def write(self, step: int, values: dict, split: str | None = None):
     if not self.enabled:
       return
-    row = {'step': step, **({'split': split} if split else {}), **values}
+    # 'time' (seconds since the epoch) puts the curves against wall-clock time (transformer.plots).
+    row = {'step': step, **({'split': split} if split else {}), 'time': time.time(), **values}
     with open(self.path, 'a') as f:
       f.write(json.dumps(row) + '\n')
     prefix = f'{split}/' if split else 'train/'
@@ -54,10 +57,14 @@ class MetricsWriter:
 
 def log_line(step: int, total_steps: int, m: dict) -> str:
   """One human-readable progress line."""
-  eta = m['eta_secs']
   return (f'step {step}/{total_steps} | loss {m["loss"]:.4f} | nll {m["nll"]:.4f} | '
           f'ppl {m["perplexity"]:.2f} | acc {100 * m["accuracy"]:.1f}% | '
           f'lr {m["learning_rate"]:.3g} | grad norm {m["grad_norm"]:.3f} | '
           f'{m["target_tokens_per_sec"]:,.0f} tgt tok/s | {m["step_secs"]:.3f} s/step | '
           f'{m["model_flops_per_sec"] / 1e12:.3g} TFLOP/s | '
-          f'eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s')
+          f'eta {hours_minutes_seconds(m["eta_secs"])}')
+
+
+def hours_minutes_seconds(secs: float) -> str:
+  """'1h02m03s'."""
+  return f'{int(secs // 3600)}h{int(secs % 3600 // 60):02d}m{int(secs % 60):02d}s'
