@@ -68,7 +68,7 @@ def main(argv):
                                                        _BEAM_SIZE.value, _ALPHA.value)
     sources, references, name = evaluation_texts(config)
     began = time.time()
-    hypotheses = translator.translate(params, sources)
+    hypotheses = translator.translate(params, sources, progress=True)
     seconds = time.time() - began
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, EvalError) as error:
     sys.exit(f'eval.py: {error}')

@@ -1,6 +1,9 @@
-"""Test session set-up: four simulated CPU devices (as on 4 chips), and where Multi30k is."""
+"""Test session set-up: four simulated CPU devices (as on 4 chips), where Multi30k is, and a
+trained tiny run for the tests of what reads one."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,4 +24,21 @@ def multi30k_dir() -> str:
     if os.environ.get('CI') == 'true':
       pytest.fail(message)
     pytest.skip(message)
+  return path
+
+
+def run_script(*args, stdin=None) -> subprocess.CompletedProcess:
+  """`python ARGS` in the repository root, on two simulated devices."""
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, input=stdin,
+                        capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope='session')
+def tiny_run(tmp_path_factory) -> str:
+  """configs/tiny.py trained 100 steps, keeping the checkpoints of steps 50, 75 and 100."""
+  path = str(tmp_path_factory.mktemp('tiny_run'))
+  result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={path}',
+                      '--config.checkpoint_every_steps=25', '--config.keep_checkpoints=3')
+  assert result.returncode == 0, result.stderr[-3000:]
   return path

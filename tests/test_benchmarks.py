@@ -37,15 +37,20 @@ def test_reproduction_table_separates_the_recipe_from_the_variants():
                  'machine': machine, 'commit': 'abc1234'},
       'dropout 0.3': {'pair': 'en-de', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
                       'train_minutes': 56.0, 'splits': {'validation': dict(scores, sacrebleu=36.5)},
-                      'machine': machine, 'commit': 'abc1234'}}
+                      'machine': machine, 'commit': 'abc1234'},
+      'on a GPU': {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 2000, 'train_minutes': 4.0,
+                   'splits': {'validation': dict(scores, sacrebleu=37.5)}, 'commit': 'abc1234',
+                   'machine': {'cores': 16, 'cpu': 'CPU', 'accelerator': 'H100', 'devices': 1}}}
   table = reproduce_multi30k.markdown(rows).splitlines()
   assert ('| en-de | test | 38.12 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | 2 cores, CPU | '
           'abc1234 |') in table
   assert sum(line.startswith('| en-de |') for line in table) == 2  # the recipe's two splits
   # Every run's validation BLEU, the recipe's beside the variants'.
-  assert table[-2:] == [
-      '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | CPU |',
-      '| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | 39.50 | CPU |']
+  assert table[-3:] == [
+      '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | 2 cores, CPU |',
+      '| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | 39.50 | '
+      '2 cores, CPU |',
+      '| on a GPU | en-de | seed=1 | 2000 | 4.0 | 37.50 | 39.50 | 16 cores, CPU, 1x H100 |']
 
 
 def test_a_rescored_row_is_its_runs_training_with_another_average():

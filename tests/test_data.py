@@ -3,7 +3,9 @@
 import collections
 import concurrent.futures
 import gzip
+import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -127,11 +129,18 @@ def test_special_ids_and_round_trip(corpus):
     assert data.UNK_ID not in ids and vocab.decode(ids) == unseen
 
 
-def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, monkeypatch):
+def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, monkeypatch,
+                                                                     caplog):
   config = tiny.get_config()
   workdir = str(tmp_path)
-  first = data.load_or_train_vocabulary(config, workdir)
+  with caplog.at_level(logging.INFO, logger='absl'):
+    first = data.load_or_train_vocabulary(config, workdir)
   assert os.listdir(tmp_path / 'vocab') == ['sentencepiece.model']  # no temp file left
+  # It says what it does, and when it is done.
+  said = [r.getMessage() for r in caplog.records]
+  assert said[0] == 'training a 320-piece bpe vocabulary on 4000 sentences of synthetic (train)'
+  assert re.fullmatch(rf'vocabulary trained in [\d.]+ s: {tmp_path}/vocab/sentencepiece.model',
+                      said[-1])
 
   def fail(config):
     raise AssertionError('trained again')
@@ -456,11 +465,15 @@ def fake_multi30k(directory) -> str:
   return str(directory)
 
 
-def test_multi30k_is_prepared_anew_when_its_files_change(tmp_path):
+def test_multi30k_is_prepared_anew_when_its_files_change(tmp_path, caplog):
   config = multi30k.get_config()
   config.update(manual_dir=fake_multi30k(tmp_path / 'a'), tfds_data_dir=str(tmp_path / 'tfds'))
   original = ['train de 0', 'train de 1', 'train de 2']
-  assert data.split_texts(config, 'train')[1] == original
+  with caplog.at_level(logging.INFO, logger='absl'):
+    assert data.split_texts(config, 'train')[1] == original
+  said = [r.getMessage() for r in caplog.records]
+  assert any(m.startswith(f'preparing multi30k from {tmp_path / "a"} (files sha256 ') for m in said)
+  assert any(re.fullmatch(r'prepared multi30k in [\d.]+ s', m) for m in said), said
   changed = shutil.copytree(tmp_path / 'a', tmp_path / 'b')
   write_lines(changed / 'train.de.gz', ['train de 0', 'geändert', 'train de 2'])
   config.manual_dir = str(changed)
@@ -484,7 +497,10 @@ def test_multi30k_is_prepared_anew_when_its_files_change(tmp_path):
     data.split_texts(config, 'train')
 
   config.manual_dir = str(tmp_path / 'a')  # its own data, prepared earlier
-  assert data.split_texts(config, 'train')[1] == original
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger='absl'):
+    assert data.split_texts(config, 'train')[1] == original
+  assert not any(r.getMessage().startswith('prepar') for r in caplog.records)
 
 
 def test_downloaded_multi30k_is_prepared_anew_when_the_download_changes(tmp_path, monkeypatch):

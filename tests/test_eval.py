@@ -2,35 +2,23 @@
 
 import json
 import os
+import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 import sacrebleu
 
+from conftest import run_script
 from transformer import bleu, checkpoints, data, translate
 from transformer import config as config_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def run(*args, stdin=None):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, input=stdin,
-                        capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-  """configs/tiny.py trained 100 steps, keeping the checkpoints of steps 50, 75 and 100."""
-  path = str(tmp_path_factory.mktemp('run'))
-  result = run('train.py', '--config=configs/tiny.py', f'--workdir={path}',
-               '--config.checkpoint_every_steps=25', '--config.keep_checkpoints=3')
-  assert result.returncode == 0, result.stderr[-3000:]
-  return path
+@pytest.fixture
+def workdir(tiny_run):
+  """conftest's tiny run: configs/tiny.py, 100 steps, checkpoints 50, 75 and 100."""
+  return tiny_run
 
 
 def test_training_ends_with_bleu_of_the_averaged_checkpoints(workdir):
@@ -45,7 +33,7 @@ def test_training_ends_with_bleu_of_the_averaged_checkpoints(workdir):
 
 
 def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
-  result = run('eval.py', f'--workdir={workdir}', f'--output_dir={tmp_path}')
+  result = run_script('eval.py', f'--workdir={workdir}', f'--output_dir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / 'scores.json') as f:
     scores = json.load(f)
@@ -61,6 +49,10 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   assert scores['sacrebleu_signature'] == bleu.sacrebleu_score(hypotheses, references, 'de')[1]
   assert scores['bleu_paper'] == pytest.approx(bleu.paper_bleu(hypotheses, references, 'de'))
   assert 'sacreBLEU' in result.stdout and '200 sentences' in result.stdout
+  # Progress in a log (stderr is no terminal here): a line at each tenth of the sentences.
+  done = [int(n) for n in re.findall(
+      r'translated (\d+)/200 sentences \| [\d.]+ sentences/s \| eta \dh\d\dm\d\ds', result.stderr)]
+  assert len(done) >= 3 and done == sorted(done) and done[-1] == 200, result.stderr[-3000:]
   # The training run's own test BLEU came from the same averaged parameters and settings.
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     final = [json.loads(line) for line in f if '"test"' in line][0]
@@ -97,8 +89,8 @@ def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_pat
 
 def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   out = str(tmp_path / 'averaged')
-  result = run('average_checkpoints.py', f'--workdir={workdir}', '--last=2',
-               f'--output_workdir={out}')
+  result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--last=2',
+                      f'--output_workdir={out}')
   assert result.returncode == 0, result.stderr[-3000:]
   config = config_lib.load_workdir_config(out)
   assert config.average_last == 1  # its one checkpoint is the average already
@@ -113,15 +105,15 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
 def test_translate_command_reads_stdin(workdir, tmp_path):
   config = config_lib.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')
-  result = run('-m', 'transformer.translate', f'--workdir={workdir}',
-               stdin=''.join(s + '\n' for s in sources[:5]))
+  result = run_script('-m', 'transformer.translate', f'--workdir={workdir}',
+                      stdin=''.join(s + '\n' for s in sources[:5]))
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
   assert len(lines) == 5 and all(lines)
   # The same sentences as a file give the same translations.
   (tmp_path / 'in.txt').write_text(''.join(s + '\n' for s in sources[:5]), encoding='utf-8')
-  result = run('-m', 'transformer.translate', f'--workdir={workdir}',
-               f'--input={tmp_path / "in.txt"}', f'--output={tmp_path / "out.txt"}')
+  result = run_script('-m', 'transformer.translate', f'--workdir={workdir}',
+                      f'--input={tmp_path / "in.txt"}', f'--output={tmp_path / "out.txt"}')
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / 'out.txt').read_text(encoding='utf-8').splitlines() == lines
 
@@ -133,22 +125,22 @@ def error_line(result) -> str:
 
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   missing = str(tmp_path / 'nowhere')
-  assert error_line(run('eval.py', f'--workdir={missing}', f'--output_dir={tmp_path}')) == (
+  assert error_line(run_script('eval.py', f'--workdir={missing}', f'--output_dir={tmp_path}')) == (
       f'eval.py: {missing}/config.json not found: --workdir must be a directory train.py wrote')
 
   untrained = tmp_path / 'untrained'
   shutil.copytree(workdir, untrained, ignore=shutil.ignore_patterns('checkpoints'))
-  assert error_line(run('eval.py', f'--workdir={untrained}', f'--output_dir={tmp_path}')) == (
-      f'eval.py: {untrained}/checkpoints holds no checkpoint; train first')
+  result = run_script('eval.py', f'--workdir={untrained}', f'--output_dir={tmp_path}')
+  assert error_line(result) == f'eval.py: {untrained}/checkpoints holds no checkpoint; train first'
 
   assert 'average_last=4, but' in error_line(
-      run('eval.py', f'--workdir={workdir}', '--average_last=4', f'--output_dir={tmp_path}'))
+      run_script('eval.py', f'--workdir={workdir}', '--average_last=4', f'--output_dir={tmp_path}'))
 
   source, reference = tmp_path / 'src.txt', tmp_path / 'ref.txt'
   source.write_text('a b\nc d\n', encoding='utf-8')
   reference.write_text('x y\n', encoding='utf-8')
-  assert error_line(run('eval.py', f'--workdir={workdir}', f'--source_file={source}',
-                        f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
+  assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
+                               f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
       f'eval.py: {source} has 2 lines but {reference} has 1: they must be aligned line by line')
   assert not (tmp_path / 'scores.json').exists()
 
@@ -159,7 +151,7 @@ def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path)
   step_dir = damaged / 'checkpoints' / '100'
   os.remove(max((p for p in (step_dir / 'state').rglob('*') if p.is_file()),
                 key=lambda p: p.stat().st_size))
-  message = error_line(run('eval.py', f'--workdir={damaged}', f'--output_dir={tmp_path}'))
+  message = error_line(run_script('eval.py', f'--workdir={damaged}', f'--output_dir={tmp_path}'))
   assert message.startswith(f'eval.py: {step_dir} cannot be read, a file in it is damaged or '
                             'missing (')
   assert message.endswith('delete that directory to use checkpoint 75 instead')

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from configs import default, wmt14
+from transformer import attention
 from transformer import config as config_lib
 from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count,
                                sinusoidal_encoding)
@@ -131,6 +132,63 @@ def test_packed_pairs_equal_separate_pairs(name):
                        target_positions, target_segments)
   np.testing.assert_allclose(packed[0, :3], model.apply(variables, s1, t1)[0], atol=1e-5)
   np.testing.assert_allclose(packed[0, 3:8], model.apply(variables, s2, t2)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize('name', VARIANTS)
+def test_sown_attention_weights_are_the_softmax_each_layer_used(name):
+  cfg = VARIANTS[name]
+  # Row 0 packs two pairs (segments 1 and 2); row 1 is one pair and padding.
+  source_segments = np.array([[1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 1, 1, 1, 0, 0, 0]])
+  target_segments = np.array([[1, 1, 1, 1, 2, 2, 0], [1, 1, 1, 0, 0, 0, 0]])
+  restart = lambda segments: np.array([[sum(s == x for x in row[:i]) for i, s in enumerate(row)]
+                                       for row in segments])
+  sources = random_tokens(0, source_segments.shape) * (source_segments > 0)
+  targets = random_tokens(1, target_segments.shape) * (target_segments > 0)
+  packing = dict(source_positions=restart(source_segments), source_segment_ids=source_segments,
+                 target_positions=restart(target_segments), target_segment_ids=target_segments)
+  variables = init(cfg, sources, targets)
+  weights, logits = attention.attention_weights(cfg, variables['params'], sources, targets,
+                                                **packing)
+  # Collecting them changes nothing the model computes.
+  assert np.array_equal(logits, Transformer(cfg).apply(variables, sources, targets, **packing))
+
+  same = lambda q, k: (q[:, :, None] == k[:, None, :]) & (q[:, :, None] > 0)
+  causal = np.tril(np.ones((target_segments.shape[1],) * 2, bool))
+  allowed = {'encoder_self_attention': same(source_segments, source_segments),
+             'decoder_self_attention': same(target_segments, target_segments) & causal,
+             'cross_attention': same(target_segments, source_segments)}
+  for name_, w in weights.items():
+    layers = cfg.num_encoder_layers if name_.startswith('encoder') else cfg.num_decoder_layers
+    assert w.shape[:3] == (2, layers, cfg.num_heads)
+    mask = np.broadcast_to(allowed[name_][:, None, None], w.shape)
+    real_queries = mask.any(-1)
+    # Each real query's weights are a distribution over the keys it may see, and only those.
+    np.testing.assert_allclose(w.sum(-1)[real_queries], 1.0, atol=1e-6)
+    assert (w[~mask & real_queries[..., None]] == 0).all()
+
+  # Encoder layer 1's weights, computed by hand from its input and projections.
+  params = variables['params']
+  table = params['source_embedding']['embedding']
+  x = table[sources] * np.sqrt(cfg.d_model)
+  if cfg.positional_encoding == 'learned':
+    x = x + params['encoder']['embedder']['position_embedding'][packing['source_positions']]
+  else:
+    x = x + sinusoidal_encoding(packing['source_positions'], cfg.d_model)
+  layer = params['encoder']['layer_0']
+  if cfg.layer_norm == 'pre':
+    norm = layer['self_attention_residual']['norm']
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    x = (x - mean) / np.sqrt(var + cfg.layer_norm_epsilon) * norm['scale'] + norm['bias']
+  kernels = layer['self_attention']
+  query = np.einsum('bld,dhk->bhlk', x, kernels['query']['kernel'])
+  key = np.einsum('bld,dhk->bhlk', x, kernels['key']['kernel'])
+  scores = np.einsum('bhqk,bhlk->bhql', query, key) / np.sqrt(cfg.d_model // cfg.num_heads)
+  scores = np.where(allowed['encoder_self_attention'][:, None], scores, -1e30)
+  expected = np.exp(scores - scores.max(-1, keepdims=True))
+  expected /= expected.sum(-1, keepdims=True)
+  rows = allowed['encoder_self_attention'].any(-1)  # real source positions
+  np.testing.assert_allclose(weights['encoder_self_attention'][:, 0].transpose(0, 2, 1, 3)[rows],
+                             expected.transpose(0, 2, 1, 3)[rows], atol=1e-5)
 
 
 @pytest.mark.parametrize('name', VARIANTS)

@@ -1,4 +1,9 @@
-"""Translator: how sentences are split into beam-search calls, and that the split changes nothing."""
+"""Translator: how sentences are split into beam-search calls, that the split changes nothing,
+and its progress display."""
+
+import io
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -59,3 +64,20 @@ def test_sources_too_long_for_learned_positions_get_one_clear_error(tmp_path):
   assert str(error.value).startswith(
       f'input line 4 has {len(vocab.encode(long)) + 1} tokens (with EOS), and 2 line(s) in all '
       'have more than 16: the model\'s learned positions (model.max_positions=24)')
+
+
+def test_progress_is_a_bar_on_a_terminal(monkeypatch):
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  terminal = Terminal()
+  monkeypatch.setattr(sys, 'stderr', terminal)
+  progress = translate.Progress(50)
+  for _ in range(5):
+    time.sleep(0.12)  # tqdm redraws at most every 0.1 s
+    progress.update(10)
+  progress.close()
+  redraws = terminal.getvalue().split('\r')
+  assert redraws[-1].startswith('100%') and '50/50' in redraws[-1], terminal.getvalue()
+  assert any('20/50' in line for line in redraws) and 'sentence/s' in redraws[-1]

@@ -145,10 +145,12 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = None
       if not cfg.deterministic and cfg.attention_dropout_rate > 0:
         dropout_rng = self.make_rng('dropout')
+      # module=self sows the softmax weights as intermediates/.../attention_weights, only when
+      # the caller makes 'intermediates' mutable (transformer/attention.py); else it does nothing.
       out = nn.dot_product_attention(
           query, key, value, mask=mask, dropout_rng=dropout_rng,
           dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
-          dtype=cfg.dtype, force_fp32_for_softmax=True)
+          dtype=cfg.dtype, force_fp32_for_softmax=True, module=self)
     return nn.DenseGeneral(
         cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=_dense_init(), name='out')(out)

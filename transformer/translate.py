@@ -12,13 +12,15 @@ import time
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 from absl import app, flags, logging
 from flax import jax_utils
 
-from transformer import checkpoints, data, decode
+from transformer import checkpoints, data, decode, metrics
 from transformer import config as config_lib
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
+LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
 
 
 def decode_batches(lengths: list[int], tokens_per_device: int, devices: int):
@@ -44,6 +46,34 @@ def decode_batches(lengths: list[int], tokens_per_device: int, devices: int):
   return batches
 
 
+class Progress:
+  """Sentences translated, sentences/s and time left: a tqdm bar on a terminal; elsewhere (a log
+  file, a pipe) a log line at each tenth of the sentences or LOG_EVERY_SECS, whichever is first."""
+
+  def __init__(self, total: int):
+    self.total, self.done, self.began = total, 0, time.time()
+    self.logged_at, self.logged_tenths = self.began, 0
+    self.bar = (tqdm.tqdm(total=total, unit='sentence', file=sys.stderr, dynamic_ncols=True)
+                if sys.stderr.isatty() else None)
+
+  def update(self, count: int):
+    self.done += count
+    if self.bar is not None:
+      self.bar.update(count)
+      return
+    tenths = 10 * self.done // max(self.total, 1)
+    if tenths > self.logged_tenths or time.time() - self.logged_at >= LOG_EVERY_SECS:
+      self.logged_at, self.logged_tenths = time.time(), tenths
+      secs = time.time() - self.began
+      rate = self.done / max(secs, 1e-9)
+      logging.info('translated %d/%d sentences | %.1f sentences/s | eta %s', self.done,
+                   self.total, rate, metrics.hours_minutes_seconds((self.total - self.done) / rate))
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+
+
 class Translator:
   """Beam search over all local devices, sentences grouped by length; outputs in input order."""
 
@@ -63,11 +93,17 @@ class Translator:
             model_config, params, sources, beam_size=beam_size, alpha=alpha,
             extra_length=config.decode_extra_length)[0])
 
-  def translate(self, params, sentences: list[str]) -> list[str]:
-    """Translations of `sentences` with `params` replicated over the local devices."""
+  def translate(self, params, sentences: list[str], progress: bool = False) -> list[str]:
+    """Translations of `sentences` with `params` replicated over the local devices; `progress`
+    shows sentences done, their rate and the time left."""
+    return [self.vocab.decode(ids) for ids in self.search(params, sentences, progress)]
+
+  def search(self, params, sentences: list[str], progress: bool = False) -> list[np.ndarray]:
+    """The beam search's best output ids of each sentence (EOS, then padding, end them)."""
     encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
     self._check_lengths(encoded)
-    translations = [''] * len(sentences)
+    outputs_of = [None] * len(sentences)
+    shown = Progress(len(sentences)) if progress else None
     for indices, rows, length in decode_batches([len(ids) for ids in encoded],
                                                 self.tokens_per_device, self.devices):
       # A short last call is filled with copies of its longest sentence, which finish with it.
@@ -78,8 +114,12 @@ class Translator:
       outputs = np.asarray(self._search(params, batch.reshape(self.devices, rows, length)))
       outputs = outputs.reshape(-1, outputs.shape[-1])
       for row, i in enumerate(indices):
-        translations[i] = self.vocab.decode(outputs[row])
-    return translations
+        outputs_of[i] = outputs[row]
+      if shown:
+        shown.update(len(indices))
+    if shown:
+      shown.close()
+    return outputs_of
 
   def _check_lengths(self, encoded: list[list[int]]):
     if self.max_source_tokens is None:
@@ -118,7 +158,7 @@ def main(argv):
     sys.exit(f'translate: {error}')
   began = time.time()
   try:
-    translations = translator.translate(params, sentences)
+    translations = translator.translate(params, sentences, progress=True)
   except data.DataError as error:
     sys.exit(f'translate: {error}')
   logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences), time.time() - began,

@@ -7,6 +7,7 @@ length-grouped, resumable batching needs).
 """
 
 import os
+import time
 from collections.abc import Callable, Sequence
 
 import ml_collections
@@ -82,7 +83,9 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
   if not builder.is_prepared():
     logging.info('preparing multi30k from %s (files sha256 %s) in %s',
                  config.manual_dir or 'the download', digest[:16], prepared)
-  builder.download_and_prepare()
+    began = time.time()
+    builder.download_and_prepare()
+    logging.info('prepared multi30k in %.1f s', time.time() - began)
   return _from_data_source(f'multi30k ({split})', builder.as_data_source(split),
                            config.source_lang, config.target_lang)
 

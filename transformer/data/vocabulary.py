@@ -41,6 +41,10 @@ class Vocabulary:
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     return self._processor.encode(texts, num_threads=os.cpu_count())
 
+  def pieces(self, ids) -> list[str]:
+    """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
+    return [self._processor.id_to_piece(int(i)) for i in ids]
+
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids]
     if EOS_ID in ids:
@@ -78,8 +82,11 @@ def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
     process_index = jax.process_index()
   if not os.path.exists(path):
     if process_index == 0:
+      began = time.time()
       write_atomically(path, train_model(config))
+      logging.info('vocabulary trained in %.1f s: %s', time.time() - began, path)
     else:
+      logging.info('waiting for process 0 to train the vocabulary: %s', path)
       deadline = time.time() + WAIT_SECS
       while not os.path.exists(path):
         if time.time() > deadline:

@@ -1,0 +1,147 @@
+"""Training curves (transformer.plots) and attention heatmaps (transformer.attention) of the tiny
+trained run: files written, not blank, labelled, and drawing the numbers they claim."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from conftest import run_script
+from transformer import attention, data, plots
+from transformer import config as config_lib
+
+
+def assert_picture(path):
+  """A PNG of some size whose pixels are not all one colour."""
+  pixels = mpimg.imread(path)
+  assert pixels.shape[0] > 200 and pixels.shape[1] > 200
+  assert pixels[..., :3].std() > 0.05
+
+
+def error_line(result) -> str:
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
+def lines_of(ax) -> dict:
+  return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+          for line in ax.get_lines()}
+
+
+def test_curves_draw_each_metric_against_step_and_hours(tiny_run, tmp_path):
+  output = tmp_path / 'curves.png'
+  result = run_script('-m', 'transformer.plots', f'--workdir={tiny_run}', f'--output={output}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'wrote {output}' in result.stdout
+  assert_picture(output)
+
+  rows = plots.read_metrics(tiny_run)
+  figure = plots.curves({'tiny': rows})
+  panels = [ax for ax in figure.axes if ax.get_title()]
+  assert [ax.get_title() for ax in panels[:4]] == [
+      'loss (label-smoothed)', 'perplexity', 'learning rate (train)', 'sacreBLEU']
+  assert [ax.get_xlabel() for ax in panels] == ['step'] * 4 + ['hours'] * 4
+  assert [ax.get_yscale() for ax in panels[:4]] == ['linear', 'log', 'linear', 'linear']
+  train = [r for r in rows if 'split' not in r]
+  validation = [r for r in rows if r.get('split') == 'validation' and 'loss' in r]
+  loss_by_step, loss_by_hours = lines_of(panels[0]), lines_of(panels[4])
+  assert loss_by_step['tiny (train)'] == ([20, 40, 60, 80, 100], [r['loss'] for r in train])
+  assert loss_by_step['tiny (validation)'] == ([50, 100], [r['loss'] for r in validation])
+  hours = [(r['time'] - rows[0]['time']) / 3600 for r in train]
+  assert loss_by_hours['tiny (train)'] == (hours, [r['loss'] for r in train])
+  assert 0 < hours[-1] < 1 and hours == sorted(hours)
+  assert lines_of(panels[2])['tiny (train)'][1] == [r['learning_rate'] for r in train]
+  # configs/tiny.py scores BLEU only at the end, with the checkpoint average.
+  bleu = {r['split']: r['sacrebleu'] for r in rows if 'sacrebleu' in r}
+  assert lines_of(panels[3]) == {'tiny (validation, averaged)': ([100], [bleu['validation']]),
+                                 'tiny (test, averaged)': ([100], [bleu['test']])}
+  (legend,) = figure.legends
+  assert [t.get_text() for t in legend.get_texts()] == [
+      'tiny (train)', 'tiny (validation)', 'tiny (validation, averaged)', 'tiny (test, averaged)']
+
+
+def test_curves_compare_runs_and_take_a_resumed_runs_last_rows(tmp_path):
+  first = [{'step': s, 'time': 100.0 + s, 'loss': 10.0 - s / 10, 'learning_rate': 1e-3}
+           for s in (10, 20, 30)]
+  resumed = [{'step': s, 'time': 500.0 + s, 'loss': 5.0 - s / 10, 'learning_rate': 1e-3}
+             for s in (20, 30, 40)]
+  assert plots.series(first + resumed, 'train', 'loss') == [
+      (10, 9.0, 0.0), (20, 3.0, 410.0), (30, 2.0, 420.0), (40, 1.0, 430.0)]
+  figure = plots.curves({'a': first, 'b': resumed})
+  (legend,) = figure.legends
+  assert [t.get_text() for t in legend.get_texts()] == ['a (train)', 'b (train)']
+  assert plots.run_names(['x/run', 'y/run/', 'z/other']) == ['x/run', 'y/run', 'other']
+
+  # Two workdirs on one figure from the command; runs logged before 'time' are drawn by step.
+  for name, rows in (('a', first), ('b', resumed)):
+    os.makedirs(tmp_path / name)
+    with open(tmp_path / name / 'metrics.jsonl', 'w') as f:
+      f.writelines(json.dumps({k: v for k, v in r.items() if name == 'a' or k != 'time'}) + '\n'
+                   for r in rows)
+  result = run_script('-m', 'transformer.plots', f'--workdir={tmp_path / "a"}',
+                      f'--workdir={tmp_path / "b"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'plots: b logged no wall-clock times' in result.stderr
+  assert_picture(tmp_path / 'a' / 'curves.png')
+
+
+def test_curves_read_a_line_being_written_and_name_a_bad_one(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo', encoding='utf-8')
+  assert plots.read_metrics(str(tmp_path)) == [{'step': 10, 'loss': 2.0}]
+  path.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo\n{"step": 30}\n', encoding='utf-8')
+  result = run_script('-m', 'transformer.plots', f'--workdir={tmp_path}')
+  assert error_line(result).startswith(f'plots: {path}:2 is not JSON (')
+  path.write_text('[1, 2]\n', encoding='utf-8')
+  assert error_line(run_script('-m', 'transformer.plots', f'--workdir={tmp_path}')).startswith(
+      f'plots: {path}:1 is not a metrics row')
+  missing = tmp_path / 'nowhere'
+  assert error_line(run_script('-m', 'transformer.plots', f'--workdir={missing}')) == (
+      f'plots: {missing}/metrics.jsonl not found: --workdir takes a train.py workdir')
+
+
+def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
+  sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
+  result = run_script('-m', 'transformer.attention', f'--workdir={tiny_run}',
+                      f'--sentence={sentence}', f'--output_dir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  for name in attention.KINDS:
+    assert f'wrote {tmp_path / name}.png' in result.stdout
+    assert_picture(tmp_path / f'{name}.png')
+
+  translation, figures = attention.pictures(tiny_run, sentence, None, None, None)
+  assert f'translation: {translation}' in result.stdout
+  vocab = data.load_vocabulary(config_lib.load_workdir_config(tiny_run), tiny_run)
+  source = vocab.pieces(vocab.encode(sentence) + [data.EOS_ID])
+  target = vocab.pieces(vocab.encode(translation) + [data.EOS_ID])
+  assert source[-1] == target[-1] == '</s>' and len(target) > 1
+  expected = {  # (x tick labels, y tick labels) of every panel
+      'encoder_self_attention': (source, source),
+      'decoder_self_attention': (['<start>'] + target[:-1], target),
+      'cross_attention': (source, target)}
+  for name, figure in figures.items():
+    panels = [ax for ax in figure.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [
+        f'layer {layer}, head {head}' for layer in (1, 2) for head in (1, 2, 3, 4)]
+    for ax in panels:
+      assert ([t.get_text() for t in ax.get_xticklabels()],
+              [t.get_text() for t in ax.get_yticklabels()]) == expected[name]
+      weights = ax.get_images()[0].get_array()
+      assert weights.shape == (len(expected[name][1]), len(expected[name][0]))
+      np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert figure.get_suptitle().endswith(f'"{sentence}" -> "{translation}"')
+  # Decoder self-attention never looks ahead.
+  weights = figures['decoder_self_attention'].axes[0].get_images()[0].get_array()
+  assert np.all(np.triu(weights, 1) == 0)
+
+
+def test_attention_errors_are_one_line(tiny_run, tmp_path):
+  assert error_line(run_script('-m', 'transformer.attention', f'--workdir={tiny_run}',
+                               '--sentence= ')) == (
+      'attention: --sentence is empty; give the sentence to translate')
+  missing = tmp_path / 'nowhere'
+  assert error_line(run_script('-m', 'transformer.attention', f'--workdir={missing}',
+                               '--sentence=abc')) == (
+      f'attention: {missing}/config.json not found: --workdir must be a directory train.py wrote')
