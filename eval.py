@@ -23,11 +23,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json
 _SPLIT = flags.DEFINE_string('split', 'test', 'Dataset split to translate: test or validation.')
 _SOURCE_FILE = flags.DEFINE_string('source_file', None, 'Translate this file instead of a split.')
 _REFERENCE_FILE = flags.DEFINE_string('reference_file', None, 'References for --source_file.')
-_AVERAGE_LAST = flags.DEFINE_integer(
-    'average_last', None, 'Average the last N checkpoints (default: the config\'s average_last, '
-    'as the paper evaluates: 5 for base, 20 for big).')
-_BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).')
-_ALPHA = flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
+_AVERAGE_LAST, _BEAM_SIZE, _ALPHA = translate.define_decoding_flags()
+flags.adopt_module_key_flags(translate)  # --helpshort lists them
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where hypotheses.txt and scores.json go.')
 flags.mark_flags_as_required(['workdir', 'output_dir'])
 

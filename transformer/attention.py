@@ -127,10 +127,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, checkpoints/).')
   flags.DEFINE_string('sentence', None, 'The source sentence to translate and picture.')
   flags.DEFINE_string('output_dir', None, 'Where the PNGs go (default: <workdir>/attention).')
-  flags.DEFINE_integer('average_last', None,
-                       'Average the last N checkpoints (default: the config\'s average_last).')
-  flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).')
-  flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
+  translate.define_decoding_flags()
+  flags.adopt_module_key_flags(translate)  # --helpshort lists them
   flags.mark_flags_as_required(['workdir', 'sentence'])
   FLAGS = flags.FLAGS
   app.run(main)

@@ -135,6 +135,16 @@ class Translator:
           'more tokens; split those lines into shorter sentences')
 
 
+def define_decoding_flags():
+  """--average_last, --beam_size and --alpha, which every command that translates takes; their
+  defaults are the run's config's."""
+  return (flags.DEFINE_integer('average_last', None,
+                               'Average the last N checkpoints (default: the config\'s '
+                               'average_last, as the paper evaluates: 5 for base, 20 for big).'),
+          flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).'),
+          flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).'))
+
+
 def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
   """(Translator, replicated parameters, config, checkpoint steps used) of a train.py workdir."""
   config = config_lib.load_workdir_config(workdir)
@@ -175,10 +185,7 @@ if __name__ == '__main__':
   flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, checkpoints/).')
   flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
   flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
-  flags.DEFINE_integer('average_last', None,
-                       'Average the last N checkpoints (default: the config\'s average_last).')
-  flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).')
-  flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
+  define_decoding_flags()
   flags.mark_flag_as_required('workdir')
   FLAGS = flags.FLAGS
   app.run(main)
