@@ -34,6 +34,12 @@ def run_script(*args, stdin=None) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=600)
 
 
+def error_line(result: subprocess.CompletedProcess) -> str:
+  """The last stderr line of a command that failed with a message, not a traceback."""
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
 @pytest.fixture(scope='session')
 def tiny_run(tmp_path_factory) -> str:
   """configs/tiny.py trained 100 steps, keeping the checkpoints of steps 50, 75 and 100."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from conftest import run_script
+from conftest import error_line, run_script
 from transformer import bleu, checkpoints, data, translate
 from transformer import config as config_lib
 
@@ -116,11 +116,6 @@ def test_translate_command_reads_stdin(workdir, tmp_path):
                       f'--input={tmp_path / "in.txt"}', f'--output={tmp_path / "out.txt"}')
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / 'out.txt').read_text(encoding='utf-8').splitlines() == lines
-
-
-def error_line(result) -> str:
-  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-3000:]
-  return result.stderr.strip().splitlines()[-1]
 
 
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from conftest import run_script
+from conftest import error_line, run_script
 from transformer import attention, data, plots
 from transformer import config as config_lib
 
@@ -18,11 +18,6 @@ def assert_picture(path):
   pixels = mpimg.imread(path)
   assert pixels.shape[0] > 200 and pixels.shape[1] > 200
   assert pixels[..., :3].std() > 0.05
-
-
-def error_line(result) -> str:
-  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-3000:]
-  return result.stderr.strip().splitlines()[-1]
 
 
 def lines_of(ax) -> dict:

@@ -10,6 +10,7 @@ DIR/curves.png of the first workdir.
 """
 
 import io
+import itertools
 import json
 import os
 import sys
@@ -83,8 +84,8 @@ def curves(runs: dict[str, list[dict]]) -> Figure:
     for row, x_label in enumerate(('step', 'hours')):
       ax = axes[row, column]
       for colour, (name, rows) in zip(colours, runs.items()):
-        for split, averaged in [(split, averaged) for split in splits for averaged in (0, 1)]:
-          points = series(rows, split, metric, bool(averaged))
+        for split, averaged in itertools.product(splits, (False, True)):
+          points = series(rows, split, metric, averaged)
           if row == 1:
             points = [p for p in points if p[2] is not None]
           if not points:
