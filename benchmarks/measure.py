@@ -26,6 +26,19 @@ def timed(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
+def round_robin(fns: dict, repeats: int) -> dict:
+  """{name: seconds of each call}: `repeats` rounds in which each `fns[name]()` runs once, the
+  order rotated every round, so a drift of the machine's speed over the run (other tenants,
+  clocks) falls on all of them alike within a round."""
+  names = list(fns)
+  times = {name: [] for name in names}
+  for round_ in range(repeats):
+    shift = round_ % len(names)
+    for name in names[shift:] + names[:shift]:
+      times[name].append(timed(fns[name], 1))
+  return times
+
+
 def machine() -> dict:
   """CPU model with its widest vector unit, cores, the accelerator if jax uses one, and library
   versions."""

@@ -44,7 +44,7 @@ import optax
 from absl import app, flags
 from flax import jax_utils
 
-from benchmarks.measure import machine, matmul_peak, tflops, timed, write_results
+from benchmarks.measure import machine, matmul_peak, round_robin, tflops, write_results
 from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
 from transformer import decode
 
@@ -109,13 +109,9 @@ def import_flax_wmt(directory: str):
 
 
 def alternate(ours, flax, repeats: int) -> dict:
-  """Median seconds of each side and the flax / ours ratio: each round runs both sides back to
-  back, the order reversed every round, and the ratio is the median of the rounds' ratios, so a
-  drift of the machine's speed over the run (other tenants, clocks) cancels within a round."""
-  times = {'ours': [], 'flax': []}
-  for round_ in range(repeats):
-    for name in ('ours', 'flax') if round_ % 2 == 0 else ('flax', 'ours'):
-      times[name].append(timed(ours if name == 'ours' else flax, 1))
+  """Median seconds of each side and the flax / ours ratio: the median of the ratios within each
+  of `repeats` rounds of `round_robin`."""
+  times = round_robin({'ours': ours, 'flax': flax}, repeats)
   ratios = sorted(f / o for o, f in zip(times['ours'], times['flax']))
   return {'ours_secs': statistics.median(times['ours']),
           'flax_secs': statistics.median(times['flax']),

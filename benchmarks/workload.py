@@ -40,11 +40,11 @@ def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: i
 
 
 class Ours:
-  """Our model and steps at configs/multi30k.py's size."""
+  """Our model and steps at configs/multi30k.py's size, or with another `config`."""
 
-  def __init__(self, modules: types.SimpleNamespace):
+  def __init__(self, modules: types.SimpleNamespace, config=None):
     self.decode, train_step = modules.decode, modules.train_step
-    self.config = modules.multi30k.get_config()
+    self.config = config or modules.multi30k.get_config()
     modules.config.validate(self.config)
     self.model_config = modules.config.model_config(self.config)
     self.steps = train_step.StepFunctions(self.config, self.model_config)

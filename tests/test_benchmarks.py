@@ -1,11 +1,12 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
-results table."""
+results table, the step-cost comparison's configs, rounds and ratios."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import reproduce_multi30k
+from benchmarks import reproduce_multi30k, step_cost
+from benchmarks.measure import round_robin
 from benchmarks.profile_step import hlo_classes
 
 
@@ -65,3 +66,30 @@ def test_a_rescored_row_is_its_runs_training_with_another_average():
     reproduce_multi30k.rescored_row(rows, 'recipe', 10)
   with pytest.raises(SystemExit, match='--rescore needs --average_last=N'):
     reproduce_multi30k.rescored_row(rows, 'dropout 0.3', None)
+
+
+def test_step_cost_variants_are_the_recipe_with_train_py_overrides():
+  recipe, wide = step_cost.load_config(''), step_cost.load_config(
+      'model.d_model=384 model.num_heads=6 packing=False lr_scale=2')
+  assert (recipe.model.d_model, recipe.model.num_heads, recipe.packing, recipe.lr_scale) == (
+      256, 4, True, 1.0)
+  assert (wide.model.d_model, wide.model.num_heads, wide.packing, wide.lr_scale) == (
+      384, 6, False, 2.0)
+  assert wide.model.d_ff == recipe.model.d_ff and wide.vocab_size == recipe.vocab_size
+  with pytest.raises(SystemExit, match="'model.d_modl=3': configs/multi30k.py has no key "
+                                       "model.d_modl$"):
+    step_cost.load_config('model.d_modl=3')
+  with pytest.raises(SystemExit, match=r"--config.model.d_model=x: invalid literal for int"):
+    step_cost.load_config('model.d_model=x')
+
+
+def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
+  order = []
+  times = round_robin({name: lambda name=name: order.append(name) for name in 'abc'}, 4)
+  assert ''.join(order) == 'abc' 'bca' 'cab' 'abc'
+  assert all(len(secs) == 4 for secs in times.values())
+
+  costs = step_cost.costs({step_cost.RECIPE: [1.0, 2.0, 4.0], 'wide': [3.0, 2.0, 4.0]})
+  assert costs[step_cost.RECIPE] == {'step_secs': 2.0, 'ratio': 1.0, 'ratio_range': [1.0, 1.0]}
+  # Per round 3/1, 2/2, 4/4: the median ratio is 1, not the ratio of the medians (3/2).
+  assert costs['wide'] == {'step_secs': 3.0, 'ratio': 1.0, 'ratio_range': [1.0, 3.0]}
