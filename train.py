@@ -5,7 +5,6 @@ command on each with --coordinator_address=HOST:PORT --num_processes=N --process
 VMs and other clusters JAX knows are detected without them).
 """
 
-import logging as std_logging
 import sys
 
 import jax
@@ -42,16 +41,9 @@ def initialize_distributed():
     logging.set_verbosity(logging.WARNING)
 
 
-def quiet_orbax():
-  """Orbax logs each stage of every save at INFO; keep its warnings and errors."""
-  logging.get_absl_handler().addFilter(
-      lambda record: record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  quiet_orbax()
   initialize_distributed()
   try:
     trainer.train(_CONFIG.value, _WORKDIR.value)

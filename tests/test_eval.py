@@ -7,12 +7,22 @@ import shutil
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import sacrebleu
 
 from conftest import error_line, run_script
 from transformer import bleu, checkpoints, data, translate
 from transformer import config as config_lib
+
+
+def orbax_info_lines(log: str) -> list[str]:
+  """absl's INFO lines written from a file of orbax's (named as absl does: its base name)."""
+  orbax_dir = os.path.dirname(ocp.__file__)
+  orbax_files = {name for _, _, names in os.walk(orbax_dir) for name in names}
+  ours = {name for _, _, names in os.walk(os.path.dirname(checkpoints.__file__)) for name in names}
+  return [line for line in log.splitlines()
+          if re.match(r'I\d{4} ', line) and line.split()[3].split(':')[0] in orbax_files - ours]
 
 
 @pytest.fixture
@@ -53,6 +63,7 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   done = [int(n) for n in re.findall(
       r'translated (\d+)/200 sentences \| [\d.]+ sentences/s \| eta \dh\d\dm\d\ds', result.stderr)]
   assert len(done) >= 3 and done == sorted(done) and done[-1] == 200, result.stderr[-3000:]
+  assert orbax_info_lines(result.stderr) == [], result.stderr[-3000:]
   # The training run's own test BLEU came from the same averaged parameters and settings.
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     final = [json.loads(line) for line in f if '"test"' in line][0]

@@ -5,6 +5,7 @@ step, data position and the device count the data was sharded over). Every proce
 and restore: Orbax coordinates the writes.
 """
 
+import logging as std_logging
 import os
 import sys
 
@@ -19,6 +20,11 @@ from transformer import train_step
 STATE, META = 'state', 'meta'
 
 
+def _orbax_warnings_only(record) -> bool:
+  """Orbax logs each stage of every save and restore at INFO: dozens of lines per checkpoint."""
+  return record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname
+
+
 def local_copy(tree):
   """Host numpy copy of a tree replicated over devices (from this process's first device)."""
   return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)
@@ -28,6 +34,7 @@ class Checkpoints:
   """Saves asynchronously and keeps the `keep` most recent; restores any kept step."""
 
   def __init__(self, workdir: str, keep: int | None = None):
+    logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
     self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
     self.manager = ocp.CheckpointManager(
         self.directory, item_names=(STATE, META),
