@@ -92,11 +92,11 @@ def markdown(results: dict) -> str:
   lines = [
       f'One training step of a {results["shape"]} random batch (~75% real tokens), '
       f'{results["repeats"]} rounds on {machine_name(results["machine"])}: each round times '
-      'every config once. Step seconds are medians; x recipe is the median of the rounds\' '
-      'ratios (lowest-highest in brackets).',
+      'every config once. Step seconds are medians; step x recipe is the median of the '
+      'rounds\' ratios (lowest-highest in brackets).',
       '',
-      '| config overrides | parameters per source / target token | x recipe | step (s) | '
-      'x recipe |',
+      '| config overrides | parameters per source / target token | parameters x recipe | '
+      'step (s) | step x recipe |',
       '| --- | --- | --- | --- | --- |']
   for name, v in variants.items():
     source, target = v['parameters_per_token']
