@@ -34,16 +34,16 @@ RECIPE = '(the recipe)'
 def load_config(variant: str):
   """configs/multi30k.py with the variant's overrides, parsed as train.py's --config.key=value."""
   overrides = variant.split()
-  keys = [override.split('=', 1)[0] for override in overrides]
-  argv = ['step_cost', f'--config={CONFIG_FILE}', *(f'--config.{o}' for o in overrides)]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
-  for key in keys:  # ml_collections' own error for an unknown key is a KeyError's repr
-    node = multi30k.get_config()
+  recipe = multi30k.get_config()
+  for key in (override.split('=', 1)[0] for override in overrides):
+    node = recipe  # ml_collections' own error for an unknown key is a KeyError's repr
     for part in key.split('.'):
       if not hasattr(node, 'keys') or part not in node:
         raise SystemExit(f'--variant={variant!r}: configs/multi30k.py has no key {key}')
       node = node[part]
+  argv = ['step_cost', f'--config={CONFIG_FILE}', *(f'--config.{o}' for o in overrides)]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
   try:
     flag_values(argv)
   except flags.Error as error:
