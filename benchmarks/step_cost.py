@@ -23,7 +23,7 @@ from ml_collections import config_flags
 
 from benchmarks.measure import machine, machine_name, round_robin, write_results
 from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
-from configs import multi30k
+from transformer import config as config_lib
 
 FLAGS = flags.FLAGS
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
@@ -33,20 +33,12 @@ RECIPE = '(the recipe)'
 
 def load_config(variant: str):
   """configs/multi30k.py with the variant's overrides, parsed as train.py's --config.key=value."""
-  overrides = variant.split()
-  recipe = multi30k.get_config()
-  for key in (override.split('=', 1)[0] for override in overrides):
-    node = recipe  # ml_collections' own error for an unknown key is a KeyError's repr
-    for part in key.split('.'):
-      if not hasattr(node, 'keys') or part not in node:
-        raise SystemExit(f'--variant={variant!r}: configs/multi30k.py has no key {key}')
-      node = node[part]
-  argv = ['step_cost', f'--config={CONFIG_FILE}', *(f'--config.{o}' for o in overrides)]
+  argv = ['step_cost', f'--config={CONFIG_FILE}', *(f'--config.{o}' for o in variant.split())]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
   try:
-    flag_values(argv)
-  except flags.Error as error:
+    config_lib.parse_flags(argv, flag_values)
+  except (config_lib.ConfigError, flags.Error) as error:
     raise SystemExit(f'--variant={variant!r}: {error}') from None
   return flag_values.config
 

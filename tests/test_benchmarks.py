@@ -76,8 +76,8 @@ def test_step_cost_variants_are_the_recipe_with_train_py_overrides():
   assert (wide.model.d_model, wide.model.num_heads, wide.packing, wide.lr_scale) == (
       384, 6, False, 2.0)
   assert wide.model.d_ff == recipe.model.d_ff and wide.vocab_size == recipe.vocab_size
-  with pytest.raises(SystemExit, match="'model.d_modl=3': configs/multi30k.py has no key "
-                                       "model.d_modl$"):
+  with pytest.raises(SystemExit, match="'model.d_modl=3': --config.model.d_modl=3: no key "
+                                       "'d_modl' in the config. Did you mean"):
     step_cost.load_config('model.d_modl=3')
   with pytest.raises(SystemExit, match=r"--config.model.d_model=x: invalid literal for int"):
     step_cost.load_config('model.d_model=x')

@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
 from configs import default, multi30k, tiny, wmt14
 from transformer import config as config_lib
@@ -141,9 +143,44 @@ def test_entry_points_print_help(script, flags):
     assert flag + ':' in result.stdout
 
 
-def test_train_py_reports_a_bad_override_in_one_line():
-  result = run_script('train.py', '--config=configs/tiny.py', '--workdir=unused',
-                      '--config.model.num_heads=3')
+@pytest.mark.parametrize('override,message', [
+    ('--config.model.num_heads=3', 'config.model.num_heads=3: model.d_model=32 must be divisible'),
+    ('--config.model.num_haeds=3', "--config.model.num_haeds=3: no key 'num_haeds' in the config. "
+                                   'Did you mean "num_heads" instead of "num_haeds"?'),
+])
+def test_train_py_reports_a_bad_override_in_one_line(override, message):
+  result = run_script('train.py', '--config=configs/tiny.py', '--workdir=unused', override)
   assert result.returncode != 0
   assert 'Traceback' not in result.stderr
-  assert 'train.py: config.model.num_heads=3: model.d_model=32 must be divisible' in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(f'train.py: {message}')
+
+
+def parse_config_flag(*args):
+  argv = ['train.py', *args]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
+  assert config_lib.parse_flags(argv, flag_values) == ['train.py']
+  return flag_values.config
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--config=configs/multi30k.py', '--config.model.d_modl=3'],
+     '--config.model.d_modl=3: no key \'d_modl\' in the config. Did you mean "d_model" instead of '
+     '"d_modl"?'),
+    (['--config=configs/multi30k.py', '--config.vocab_size=8000', '--config.modl.d_ff=3'],
+     "--config.modl.d_ff=3: no key 'modl' in the config. "
+     'Did you mean "model" instead of "modl"?'),
+    (['--config=configs/multi30k.py:ende'],
+     "configs/multi30k.py:ende: the argument is a language pair such as 'en-de' or 'en-fr'"),
+    (['--config=configs/default.py:big'],
+     '--config=configs/default.py:big: get_config() takes 0 positional arguments but 1 was given'),
+    (['--config=configs/multi3k.py', '--config.seed=1'],
+     "--config=configs/multi3k.py: [Errno 2] No such file or directory: 'configs/multi3k.py'"),
+])
+def test_config_flag_mistakes_are_one_line(monkeypatch, args, message):
+  monkeypatch.chdir(ROOT)
+  with pytest.raises(config_lib.ConfigError) as error:
+    parse_config_flag(*args)
+  assert str(error.value) == message
+  config = parse_config_flag('--config=configs/multi30k.py:en-fr', '--config.model.d_ff=512')
+  assert (config.target_lang, config.model.d_ff) == ('fr', 512)

@@ -1,7 +1,8 @@
 """Checks an experiment config (an ml_collections.ConfigDict from configs/) before anything runs.
 
 `validate` raises one `ConfigError` naming the first bad key, its value and how to fix it;
-`model_config` turns a valid config into the model's `TransformerConfig`.
+`model_config` turns a valid config into the model's `TransformerConfig`; `parse_flags` reads a
+command line with a `--config` file flag, and its mistakes, as one ConfigError too.
 """
 
 import dataclasses
@@ -11,6 +12,7 @@ import os
 
 import jax.numpy as jnp
 import ml_collections
+from absl import flags
 
 from transformer.model import TransformerConfig
 
@@ -184,3 +186,34 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
     raise ConfigError(f'{path} is not valid JSON ({error}); restore it from the config '
                       'file the run was started with') from None
   return validate(config)
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
+                name: str = 'config') -> list[str]:
+  """absl's parsing of `argv` into `flag_values`, whose `--{name}` is an ml_collections config
+  file flag. ml_collections reports a missing file, an argument its get_config rejects, or an
+  unknown --{name}.key as a traceback; each raises one ConfigError naming the flag instead."""
+  overrides = [arg for arg in argv[1:] if arg.startswith(f'--{name}.')]
+  value = next((arg for arg in argv[1:] if arg.startswith(f'--{name}=')), f'--{name}')
+  try:
+    remaining = flag_values(argv)
+    flag_values[name].value.get  # ml_collections defers a failed file load to the first access
+  except OSError as error:  # the file is missing: the message ends with the path tried
+    raise ConfigError(f'{value}: {str(error).strip().splitlines()[-1].strip()}') from None
+  except flags.Error as error:
+    if 'Error whilst parsing config file' not in str(error):
+      raise
+    # The last line of the traceback ml_collections puts in the message: get_config's exception.
+    problem = str(error).strip().splitlines()[-1].split(': ', 1)[-1]
+    raise ConfigError(problem if value.split('=', 1)[-1] in problem else
+                      f'{value}: {problem}') from None
+  except (KeyError, AttributeError) as error:
+    while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError)
+      error = error.args[0]
+    key, _, did_you_mean = str(error.args[0] if error.args else error).partition('\n')
+    key = key.strip("'")
+    override = next((arg for arg in overrides
+                     if key in arg.split('=', 1)[0].split('.')), ' '.join(overrides))
+    problem = f'no key {key!r} in the config' if key.isidentifier() else key
+    raise ConfigError(f'{override}: {problem}. {did_you_mean}'.strip()) from None
+  return remaining
