@@ -80,8 +80,9 @@ def rescored_row(rows: dict, label: str, average_last: int | None) -> dict:
 
 def main(argv):
   del argv
+  code = commit(ROOT)  # the checkout may move on while train.py runs
   workdir, row = rescored() if FLAGS.rescore else train()
-  row.update(splits={}, commit=commit(ROOT))
+  row.update(splits={}, commit=code)
   row.setdefault('machine', machine())  # where the training minutes were measured
   average = [] if FLAGS.average_last is None else [f'--average_last={FLAGS.average_last}']
   for split in FLAGS.splits:

@@ -1,6 +1,9 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
 results table, the step-cost comparison's configs, rounds and ratios."""
 
+import json
+import types
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -66,6 +69,23 @@ def test_a_rescored_row_is_its_runs_training_with_another_average():
     reproduce_multi30k.rescored_row(rows, 'recipe', 10)
   with pytest.raises(SystemExit, match='--rescore needs --average_last=N'):
     reproduce_multi30k.rescored_row(rows, 'dropout 0.3', None)
+
+
+def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
+  head = ['1111111']
+
+  def train():
+    head[0] = '2222222'  # a commit made while train.py runs
+    return str(tmp_path), {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 10,
+                           'train_minutes': 1.0}
+
+  monkeypatch.setattr(reproduce_multi30k, 'commit', lambda checkout: head[0])
+  monkeypatch.setattr(reproduce_multi30k, 'train', train)
+  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+      label='seed_1', splits=[], output=str(tmp_path), rescore=None, average_last=None))
+  reproduce_multi30k.main([])
+  with open(tmp_path / 'multi30k.json') as f:
+    assert json.load(f)['seed_1']['commit'] == '1111111'
 
 
 def test_step_cost_variants_are_the_recipe_with_train_py_overrides():
