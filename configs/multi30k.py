@@ -22,7 +22,9 @@ def get_config(pair: str = 'en-de'):
   # and 39.8 over two seeds on an H100 (benchmarks/results/multi30k.md).
   config.vocab_size = 16000
   config.max_length = 64
-  config.packing = True  # 92% of slots real instead of ~75% with length buckets: more data per hour
+  # 92% of slots real instead of ~75% with length buckets; with the same real tokens per step,
+  # validation sacreBLEU 40.0 against 38.6 with buckets on one machine (multi30k.md).
+  config.packing = True
   # Real tokens per side: 32 packed rows of 64 slots, half of 64 rows' ~3900: twice the updates per
   # hour of training.
   config.tokens_per_batch = 1950
