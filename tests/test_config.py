@@ -130,16 +130,16 @@ def run_script(*args):
                         timeout=300)
 
 
-@pytest.mark.parametrize('script,flags', [
+@pytest.mark.parametrize('script,flag_names', [
     ('train.py', ['--config', '--workdir', '--coordinator_address', '--num_processes',
                   '--process_id']),
     ('eval.py', ['--workdir', '--split', '--source_file', '--reference_file', '--average_last',
                  '--beam_size', '--alpha', '--output_dir']),
 ])
-def test_entry_points_print_help(script, flags):
+def test_entry_points_print_help(script, flag_names):
   result = run_script(script, '--help')
   assert result.returncode == 1 and not result.stderr  # absl's --help exits with status 1
-  for flag in flags:
+  for flag in flag_names:
     assert flag + ':' in result.stdout
 
 

@@ -197,7 +197,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
   value = next((arg for arg in argv[1:] if arg.startswith(f'--{name}=')), f'--{name}')
   try:
     remaining = flag_values(argv)
-    flag_values[name].value.get  # ml_collections defers a failed file load to the first access
+    getattr(flag_values[name].value, 'get', None)  # ml_collections defers a failed load to here
   except OSError as error:  # the file is missing: the message ends with the path tried
     raise ConfigError(f'{value}: {str(error).strip().splitlines()[-1].strip()}') from None
   except flags.Error as error:
