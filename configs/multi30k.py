@@ -28,6 +28,8 @@ def get_config(pair: str = 'en-de'):
   # Real tokens per side: 32 packed rows of 64 slots, half of 64 rows' ~3900: twice the updates per
   # hour of training.
   config.tokens_per_batch = 1950
+  # d_ff 512 with 8000 pieces trains in 0.74 of the time but loses 1.2 validation sacreBLEU
+  # (38.8 against 40.0 on one machine, multi30k.md).
   config.model.update(dict(
       d_model=256, d_ff=1024, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
       dtype='float32'))  # CPUs compute bfloat16 slower than float32
