@@ -1,15 +1,24 @@
 """Test session set-up: four simulated CPU devices (as on 4 chips), where Multi30k is, and a
 trained tiny run for the tests of what reads one."""
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 # Must happen before JAX starts; the tests that need one device take the first one.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=4').strip()
+# One compilation cache for the session and the train.py/eval.py runs it starts: runs of one config
+# compile the same programs, so each is compiled once (a tiny train.py run takes half the time).
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix='jax_compilation_cache_')
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _COMPILATION_CACHE)
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

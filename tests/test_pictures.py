@@ -97,6 +97,7 @@ def test_curves_read_a_line_being_written_and_name_a_bad_one(tmp_path):
       f'plots: {missing}/metrics.jsonl not found: --workdir takes a train.py workdir')
 
 
+@pytest.mark.slow
 def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
   sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
   result = run_script('-m', 'transformer.attention', f'--workdir={tiny_run}',

@@ -95,6 +95,7 @@ def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full
   assert os.listdir(os.path.join(full_run, 'tensorboard'))
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
   run_train(workdir, '--config.num_train_steps=50')
@@ -138,6 +139,7 @@ def test_sigterm_saves_the_current_step_and_exits_cleanly(tmp_path):
   assert restore(workdir, step)[1]['step'] == step
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tmp_path):
   workdir = os.path.join(str(tmp_path), 'run')
   shutil.copytree(full_run, workdir)
@@ -158,7 +160,7 @@ def test_resuming_with_another_model_is_refused(full_run):
   assert 'config.model.d_ff=128 conflicts with 64 in' in result.stderr
 
 
-@pytest.mark.parametrize('damage', ['truncate', 'delete'])
+@pytest.mark.parametrize('damage', ['truncate', pytest.param('delete', marks=pytest.mark.slow)])
 def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, tmp_path, damage):
   workdir = os.path.join(str(tmp_path), 'run')
   shutil.copytree(full_run, workdir)
@@ -185,6 +187,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_hosts_with_two_devices_each_equal_one_host_with_four(tmp_path):
   overrides = ['--config.num_train_steps=10', '--config.checkpoint_every_steps=10',
                '--config.eval_every_steps=10']
