@@ -21,9 +21,11 @@ from transformer.checkpoints import Checkpoints
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _env(devices: int) -> dict:
+def _env(devices: int, compilation_cache: bool = True) -> dict:
   env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
   env.pop('JAX_PLATFORMS', None)
+  if not compilation_cache:  # processes running at once could read each other's half-written files
+    env.pop('JAX_COMPILATION_CACHE_DIR', None)
   return env
 
 
@@ -199,8 +201,8 @@ def test_two_hosts_with_two_devices_each_equal_one_host_with_four(tmp_path):
   processes = [
       subprocess.Popen(train_command(multi, *overrides, f'--coordinator_address=127.0.0.1:{port}',
                                      '--num_processes=2', f'--process_id={i}'),
-                       cwd=ROOT, env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
+                       cwd=ROOT, env=_env(2, compilation_cache=False), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   outputs = [p.communicate(timeout=600) for p in processes]
   for p, (_, stderr) in zip(processes, outputs):
