@@ -1,5 +1,5 @@
-"""Test session set-up: four simulated CPU devices (as on 4 chips), where Multi30k is, and a
-trained tiny run for the tests of what reads one."""
+"""Test session set-up: four simulated CPU devices (as on 4 chips), one compilation cache, where
+Multi30k is, and a trained tiny run for the tests of what reads one."""
 
 import atexit
 import os
