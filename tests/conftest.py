@@ -15,10 +15,11 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=4').strip()
 # One compilation cache for the session and the train.py/eval.py runs it starts: runs of one config
 # compile the same programs, so each is compiled once (a tiny train.py run takes half the time).
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix='jax_compilation_cache_')
-atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _COMPILATION_CACHE)
-os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+# A cache the caller set up is used as it is.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='jax_compilation_cache_')
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
