@@ -31,7 +31,7 @@ def test_hlo_operations_are_classed_by_what_they_compute():
   assert classes[matmul][1].endswith('dot_general')  # named by its dot, not its fusion's root
 
 
-def test_reproduction_table_separates_the_recipe_from_the_variants():
+def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_variants():
   machine = {'cores': 2, 'cpu': 'CPU'}
   scores = {'sacrebleu': 38.123, 'bleu_paper': 39.5, 'sentences_per_sec': 20.0,
             'checkpoint_steps': [1900, 2000]}
@@ -45,10 +45,19 @@ def test_reproduction_table_separates_the_recipe_from_the_variants():
       'on a GPU': {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 2000, 'train_minutes': 4.0,
                    'splits': {'validation': dict(scores, sacrebleu=37.5)}, 'commit': 'abc1234',
                    'machine': {'cores': 16, 'cpu': 'CPU', 'accelerator': 'H100', 'devices': 1}}}
+  # An earlier recipe, scored on test, written before the recipe.
+  rows = {'3 layers': {'pair': 'en-de', 'overrides': ['model.num_encoder_layers=3'], 'steps': 2000,
+                       'train_minutes': 70.0, 'splits': {'test': dict(scores, sacrebleu=38.5)},
+                       'machine': machine, 'commit': 'def5678'}, **rows}
   table = reproduce_multi30k.markdown(rows).splitlines()
-  assert ('| en-de | test | 38.12 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | 2 cores, CPU | '
-          'abc1234 |') in table
-  assert sum(line.startswith('| en-de |') for line in table) == 2  # the recipe's two splits
+  # Every run scored on test, the recipe's splits first, each with the overrides it ran with.
+  assert [line for line in table if line.startswith('| en-de |')] == [
+      '| en-de | (the recipe) | validation | 37.00 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | '
+      '2 cores, CPU | abc1234 |',
+      '| en-de | (the recipe) | test | 38.12 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | '
+      '2 cores, CPU | abc1234 |',
+      '| en-de | model.num_encoder_layers=3 | test | 38.50 | 39.50 | 2000 | 70.0 | 20.0 | '
+      '[1900, 2000] | 2 cores, CPU | def5678 |']
   # Every run's validation BLEU, the recipe's beside the variants'.
   assert table[-3:] == [
       '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | 2 cores, CPU |',
