@@ -7,7 +7,7 @@ The reference is the `examples/wmt/` of the flax sdist of the installed version,
 tensorflow and clu at top level for its input pipeline and logging, which are not timed: they and
 its tf.data input_pipeline are stubbed in `sys.modules` rather than installed.
 
-Both models have the size of configs/multi30k.py (d_model 256, d_ff 1024, 4 heads, 3 + 3 layers,
+Both models have the size of configs/multi30k.py (d_model 256, d_ff 512, 4 heads, 2 + 2 layers,
 its shared vocabulary tied to the output, dropout 0.1, no attention dropout, float32).
 Both run on the same random batches: each side of each row has a length drawn uniformly from
 [L/2, L], so about 75% of the slots are real tokens, as in the length buckets of Multi30k. Each

@@ -186,5 +186,5 @@ def test_config_flag_mistakes_are_one_line(monkeypatch, args, message):
 
 def test_config_flag_argument_and_overrides_parse(monkeypatch):
   monkeypatch.chdir(ROOT)
-  config = parse_config_flag('--config=configs/multi30k.py:en-fr', '--config.model.d_ff=512')
-  assert (config.target_lang, config.model.d_ff) == ('fr', 512)
+  config = parse_config_flag('--config=configs/multi30k.py:en-fr', '--config.model.d_ff=768')
+  assert (config.target_lang, config.model.d_ff) == ('fr', 768)
