@@ -95,13 +95,17 @@ def main(argv):
   add_row(FLAGS.output, 'multi30k', FLAGS.label, row, markdown)
 
 
+def overrides_text(row: dict) -> str:
+  return ' '.join(row['overrides']) or '(the recipe)'
+
+
 def markdown(rows: dict) -> str:
   lines = [
       'configs/multi30k.py trained from scratch by train.py (minutes: the whole command), then '
       'eval.py: beam search and checkpoint averaging as the config says; test2016 is the test '
       'split. Paper BLEU: tokenized and compound-split, as the paper reports. Every run scored on '
-      'test, the recipe first; the overrides of the others (earlier recipes, and a candidate) turn '
-      'the config of today into the one they ran.',
+      'test, the recipe first; the overrides of the others turn the config of today into the one '
+      'they ran.',
       '',
       '| pair | config overrides | split | sacreBLEU | paper BLEU | steps | training minutes | '
       'eval sentences/s | checkpoints averaged | machine | commit |',
@@ -110,7 +114,7 @@ def markdown(rows: dict) -> str:
   for r in sorted(tested, key=lambda r: bool(r['overrides'])):  # stable: the recipe first
     for split, s in r['splits'].items():
       lines.append(
-          f'| {r["pair"]} | {" ".join(r["overrides"]) or "(the recipe)"} | {split} | '
+          f'| {r["pair"]} | {overrides_text(r)} | {split} | '
           f'{s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} | {r["steps"]} | '
           f'{r["train_minutes"]:.1f} | {s["sentences_per_sec"]:.1f} | {s["checkpoint_steps"]} | '
           f'{machine_name(r["machine"])} | {r["commit"]} |')
@@ -121,7 +125,7 @@ def markdown(rows: dict) -> str:
   for label, r in rows.items():
     if 'validation' in r['splits']:
       s = r['splits']['validation']
-      lines.append(f'| {label} | {r["pair"]} | {" ".join(r["overrides"]) or "(the recipe)"} | '
+      lines.append(f'| {label} | {r["pair"]} | {overrides_text(r)} | '
                    f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sacrebleu"]:.2f} | '
                    f'{s["bleu_paper"]:.2f} | {machine_name(r["machine"])} |')
   return '\n'.join(lines) + '\n'

@@ -41,7 +41,7 @@ def get_config(pair: str = 'en-de'):
   config.num_train_steps = 2600
   config.log_every_steps = 50
   config.eval_every_steps = 500
-  # No BLEU during training (each costs ~1.5 minutes of a 2-core CPU): training ends with both
+  # No BLEU during training (each costs ~1.3 minutes of a 2-core CPU): training ends with both
   # BLEUs of the averaged checkpoints; --config.bleu_every_steps=1100 shows them on the way.
   config.bleu_every_steps = 0
   # The last 5 checkpoints (steps 2200-2600) are averaged for evaluation, as the paper does; 10
