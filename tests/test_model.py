@@ -248,14 +248,18 @@ def test_bfloat16_compute_stays_close_to_float32():
 @pytest.mark.parametrize('tie_output_embedding', [True, False])
 def test_bfloat16_models_project_to_unrounded_float32_logits(tie_output_embedding):
   # bfloat16 logits would be off by up to 2^-9 of their size: beam scores and the loss rounded.
+  # The operands are bfloat16 (the table rounded to it), their products summed in float32.
   cfg = SMALL.replace(dtype=jnp.bfloat16, tie_output_embedding=tie_output_embedding)
   sources, targets = random_tokens(0, (4, 12), cfg.vocab_size), random_tokens(1, (4, 10))
   params = init(cfg, sources, targets)['params']
   logits = Transformer(cfg).apply({'params': params}, sources, targets)
   states = Transformer(cfg).apply({'params': params}, sources, targets, project=False)
   assert states.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
-  want = np.asarray(states, np.float64) @ np.asarray(output_table(params), np.float64).T
+  table = np.asarray(output_table(params).astype(jnp.bfloat16), np.float64)
+  want = np.asarray(states, np.float64) @ table.T
   np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+  rounded = np.asarray(want.astype(jnp.bfloat16), np.float64)
+  assert np.abs(logits - rounded).max() > 1e-4  # not bfloat16 logits
 
 
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])

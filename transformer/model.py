@@ -305,23 +305,20 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     embed = functools.partial(
-        nn.Embed, cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5))
-    self.source_embedding = embed()
+        nn.Embed, cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    token_init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
+    self.source_embedding = embed(embedding_init=token_init)
     target_embedding = self.source_embedding
     if not cfg.share_embeddings:
-      self.target_embedding = target_embedding = embed()
+      self.target_embedding = target_embedding = embed(embedding_init=token_init)
     self.encoder = Encoder(cfg, self.source_embedding)
     self.decoder = Decoder(cfg, target_embedding)
-    # The output projection runs in float32 whatever cfg.dtype: bfloat16 logits would round the
-    # loss and the beam scores (8 bits of mantissa).
-    if cfg.tie_output_embedding:
-      self.project_output = lambda y: project(y, target_embedding.embedding)
-    else:
-      self.output_projection = nn.Dense(
-          cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
-          kernel_init=_dense_init())
-      self.project_output = self.output_projection
+    # Logits are float32 whatever cfg.dtype (`project`): bfloat16 logits would round the loss and
+    # the beam scores (8 bits of mantissa).
+    output = target_embedding
+    if not cfg.tie_output_embedding:  # a [vocab, d_model] table of its own
+      output = self.output_projection = embed(embedding_init=_dense_init())
+    self.project_output = lambda y: project(y, output.embedding)
 
   def encode(self, sources, source_positions=None, source_segment_ids=None) -> Array:
     return self.encoder(sources, source_positions, source_segment_ids)
@@ -374,14 +371,38 @@ def parameter_count(config: TransformerConfig) -> int:
 
 
 def project(states: Array, table: Array) -> Array:
-  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model]."""
-  return jnp.dot(states.astype(jnp.float32), table.astype(jnp.float32).T)
+  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model].
+
+  The operands are in the states' dtype (the model's compute dtype) and the products are summed in
+  float32: bfloat16 operands run at the matrix units' full rate, and the logits stay unrounded.
+  """
+  if states.dtype == jnp.float32:
+    return jnp.dot(states, table.astype(jnp.float32).T)
+  return _low_precision_project(states, table)
+
+
+def _project_forward(states, table):
+  return jnp.einsum('...d,vd->...v', states, table.astype(states.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+# Written out because autodiff of the forward would multiply the float32 logit gradients with the
+# low-precision operands in float32; these backward products run in the states' dtype too.
+_low_precision_project = jax.custom_vjp(_project_forward)
+_low_precision_project.defvjp(
+    lambda states, table: (_project_forward(states, table), (states, table)),
+    lambda residuals, grads: (
+        jnp.einsum('...v,vd->...d', grads.astype(residuals[0].dtype),
+                   residuals[1].astype(residuals[0].dtype),
+                   preferred_element_type=jnp.float32).astype(residuals[0].dtype),
+        jnp.einsum('...v,...d->vd', grads.astype(residuals[0].dtype), residuals[0],
+                   preferred_element_type=jnp.float32).astype(residuals[1].dtype)))
 
 
 def output_table(params) -> Array:
   """The pre-softmax projection as a [vocab, d_model] table: logits = output . table^T."""
   if 'output_projection' in params:
-    return params['output_projection']['kernel'].T
+    return params['output_projection']['embedding']
   return params.get('target_embedding', params['source_embedding'])['embedding']
 
 
