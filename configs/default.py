@@ -55,8 +55,9 @@ def get_config():
   # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   config.label_smoothing = 0.1
   # Target positions per chunk of the output projection and loss (transformer/loss.py): at most
-  # [chunk, vocab] logits exist at once, and chunks of padding are skipped.
-  config.loss_chunk_tokens = 2048
+  # [chunk, vocab] logits exist at once, and chunks of padding are skipped. 0 = by backend: 256 on
+  # a CPU, the whole batch at once on an accelerator (transformer/config.py, loss_chunk).
+  config.loss_chunk_tokens = 0
   config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
   config.lr_scale = 1.0  # 'paper' only
   config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base
@@ -86,4 +87,11 @@ def get_config():
   config.beam_size = 4
   config.alpha = 0.6
   config.decode_extra_length = 50
+  # Source tokens x beam_size per beam-search call and device (not from the paper). 0 = by
+  # backend: the training batch's share on a CPU, 2**17 on an accelerator (config.py).
+  config.decode_batch_tokens = 0
+
+  # Where compiled programs are kept for later runs and eval.py (empty = not kept), e.g.
+  # ~/.cache/transformer-nmt/jax: a second run starts without compiling.
+  config.compilation_cache_dir = ''
   return config

@@ -1,5 +1,6 @@
 """Config files hold the paper's numbers; bad values fail early with one message naming the key."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from ml_collections import config_flags
 
 from configs import default, multi30k, tiny, wmt14
 from transformer import config as config_lib
+from transformer import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_CONFIGS = {
@@ -84,7 +86,9 @@ BAD_VALUES = [
     ('average_last', 9, 'keep_checkpoints'),
     ('schedule', 'cosine', "'paper'"),
     ('beam_size', 0, 'integer >= 1'),
-    ('loss_chunk_tokens', 0, 'integer >= 1'),
+    ('loss_chunk_tokens', -1, 'integer >= 0'),
+    ('decode_batch_tokens', -1, 'integer >= 0'),
+    ('compilation_cache_dir', None, 'directory or empty'),
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
 ]
@@ -188,3 +192,27 @@ def test_config_flag_argument_and_overrides_parse(monkeypatch):
   monkeypatch.chdir(ROOT)
   config = parse_config_flag('--config=configs/multi30k.py:en-fr', '--config.model.d_ff=768')
   assert (config.target_lang, config.model.d_ff) == ('fr', 768)
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
+def test_loss_chunk_and_decode_batch_default_by_backend(monkeypatch, backend):
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  config = multi30k.get_config()
+  assert (config.loss_chunk_tokens, config.decode_batch_tokens) == (0, 0)
+  on_cpu = backend == 'cpu'
+  assert config_lib.loss_chunk(config) == (256 if on_cpu else None)
+  devices = config_lib.jax.local_device_count()
+  assert config_lib.decode_batch_tokens(config) == (1950 // devices if on_cpu else 2**17)
+  config.update(loss_chunk_tokens=512, decode_batch_tokens=4096)
+  assert (config_lib.loss_chunk(config), config_lib.decode_batch_tokens(config)) == (512, 4096)
+
+
+def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
+  stored = json.loads(tiny.get_config().to_json())
+  del stored['decode_batch_tokens'], stored['compilation_cache_dir']
+  (tmp_path / 'config.json').write_text(json.dumps(stored))
+  config = config_lib.load_workdir_config(str(tmp_path))
+  assert {key: config[key] for key in config_lib.ADDED_KEYS} == config_lib.ADDED_KEYS
+  tiny_config = tiny.get_config()
+  trainer.check_and_write_config(tiny_config, str(tmp_path))  # resumes: no conflicting key
+  assert config_lib.load_workdir_config(str(tmp_path)) == tiny_config

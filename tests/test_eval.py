@@ -54,6 +54,7 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   assert len(hypotheses) == len(sources) == scores['num_sentences'] == 200
   assert scores['checkpoint_steps'] == [75, 100]  # config.average_last=2 by default
   assert (scores['beam_size'], scores['alpha']) == (config.beam_size, config.alpha)
+  assert scores['compile_secs'] > 0 and scores['sentences_per_sec'] > 0
   assert scores['sacrebleu'] == pytest.approx(
       sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
   assert scores['sacrebleu_signature'] == bleu.sacrebleu_score(hypotheses, references, 'de')[1]

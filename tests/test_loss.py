@@ -43,7 +43,7 @@ def _sums_and_grads(sums_fn, states, table):
   return sums, grads
 
 
-@pytest.mark.parametrize('chunk', [1, 7, 32, 120, 1000])
+@pytest.mark.parametrize('chunk', [1, 7, 32, 120, 1000, None])  # None: all at once
 @pytest.mark.parametrize('real', [None, 0, 20])  # ragged rows, all padding, no padding
 @pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
 def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real,
@@ -101,3 +101,19 @@ def test_projection_of_the_decoder_output_is_the_models_logits(variant):
   got = loss.projected_token_sums(states, output_table(params), targets, 0.1, 8)
   for name in loss.SUMS:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5)
+
+
+def test_bfloat16_projection_gradients_are_float32_products_of_bfloat16_operands():
+  """The backward products run on bfloat16 operands (the logits' gradient rounded to bfloat16)
+  with float32 sums: within bfloat16 rounding of the float32 gradients, the table's kept float32."""
+  states, table, targets = _problem()
+  half = states.astype(jnp.bfloat16)
+  sums_of = lambda s, t: loss.token_sums(project(s, t), targets, 0.1)['loss']
+  states_grad, table_grad = jax.jit(jax.grad(sums_of, argnums=(0, 1)))(half, table)
+  assert states_grad.dtype == jnp.bfloat16 and table_grad.dtype == jnp.float32
+  rounded = table.astype(jnp.bfloat16).astype(jnp.float32)
+  want_states, want_table = jax.grad(sums_of, argnums=(0, 1))(half.astype(jnp.float32), rounded)
+  relative = lambda got, want: float(jnp.linalg.norm(got.astype(jnp.float32) - want) /
+                                     jnp.linalg.norm(want))
+  assert 1e-5 < relative(states_grad, want_states) < 1e-2
+  assert 1e-6 < relative(table_grad, want_table) < 1e-2

@@ -98,6 +98,16 @@ def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full
 
 
 @pytest.mark.slow
+def test_the_compilation_cache_key_keeps_compiled_programs(tmp_path):
+  cache = tmp_path / 'cache'
+  result = subprocess.run(
+      train_command(tmp_path / 'run', '--config.num_train_steps=2', '--config.eval_every_steps=0',
+                    f'--config.compilation_cache_dir={cache}'),
+      cwd=ROOT, env=_env(1, compilation_cache=False), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(os.listdir(cache)) >= 3  # at least initialisation, the train step and a beam search
+
+
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
   run_train(workdir, '--config.num_train_steps=50')

@@ -5,11 +5,13 @@
 command line with a `--config` file flag, and its mistakes, as one ConfigError too.
 """
 
+import copy
 import dataclasses
 import json
 import numbers
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import flags
@@ -85,8 +87,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f'model.d_model={d_model} must be divisible by it (d_k = d_v = d_model / heads); '
           f'choose a divisor of {d_model}')
   for key in ('model.d_ff', 'model.num_encoder_layers', 'model.num_decoder_layers',
-              'model.max_positions', 'loss_chunk_tokens'):
+              'model.max_positions'):
     _check_int(config, key, 1)
+  _check_int(config, 'loss_chunk_tokens', 0)
   if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
           f'{BYTE_AND_SPECIAL_PIECES} of it, and the pieces learned from the text come on top; '
@@ -144,6 +147,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_int(config, 'grad_accum_steps', 1)
   _check_int(config, 'seed', 0)
   _check_choice(config, 'dropout_rng_impl', ('hash', 'rbg', 'unsafe_rbg', 'threefry2x32'))
+  if not isinstance(_get(config, 'compilation_cache_dir'), str):
+    _fail('compilation_cache_dir', config.compilation_cache_dir, 'must be a directory or empty')
 
   # Logging and checkpoints (0 = never).
   for key in ('log_every_steps', 'eval_every_steps', 'bleu_every_steps',
@@ -157,6 +162,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
   # Decoding.
   _check_int(config, 'beam_size', 1)
+  _check_int(config, 'decode_batch_tokens', 0)
   _check_real(config, 'alpha', 0.0, float('inf'))
   extra = _check_int(config, 'decode_extra_length', 0)
   if config.model.positional_encoding == 'learned' and (config.model.max_positions <
@@ -174,12 +180,61 @@ def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
   return TransformerConfig(vocab_size=config.vocab_size, **model)
 
 
+def loss_chunk(config: ml_collections.ConfigDict) -> int | None:
+  """Target positions per chunk of the loss's output projection; None: the whole batch at once.
+
+  config.loss_chunk_tokens=0 picks by backend: chunks of 256 on a CPU, where small chunks run
+  fastest, and none on an accelerator, where a chunk loop runs its steps one after another.
+  """
+  if config.loss_chunk_tokens:
+    return config.loss_chunk_tokens
+  return 256 if jax.default_backend() == 'cpu' else None
+
+
+def decode_batch_tokens(config: ml_collections.ConfigDict) -> int:
+  """Source tokens times beam_size per beam-search call and device.
+
+  config.decode_batch_tokens=0 picks by backend: on a CPU the training batch's share of a device
+  (larger calls gain nothing there); on an accelerator 2**17, enough rows to keep it busy.
+  """
+  if config.decode_batch_tokens:
+    return config.decode_batch_tokens
+  if jax.default_backend() == 'cpu':
+    return config.tokens_per_batch // (config.grad_accum_steps * jax.local_device_count())
+  return 2**17
+
+
+def use_compilation_cache(config: ml_collections.ConfigDict):
+  """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs."""
+  if config.compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(
+        config.compilation_cache_dir))
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+
+
+# Keys added after the first runs, each with the value that keeps the behaviour from before it: a
+# config.json written before them reads as if it held these.
+ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': ''}
+
+
+def with_added_keys(stored: dict) -> dict:
+  """A copy of a stored config.json's dict with the ADDED_KEYS it lacks."""
+  stored = copy.deepcopy(stored)
+  for key, value in ADDED_KEYS.items():
+    *sections, leaf = key.split('.')
+    node = stored
+    for section in sections:
+      node = node.setdefault(section, {})
+    node.setdefault(leaf, value)
+  return stored
+
+
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   """The validated config.json that train.py wrote in `workdir`."""
   path = os.path.join(workdir, 'config.json')
   try:
     with open(path) as f:
-      config = ml_collections.ConfigDict(json.load(f))
+      config = ml_collections.ConfigDict(with_added_keys(json.load(f)))
   except FileNotFoundError:
     raise ConfigError(f'{path} not found: --workdir must be a directory train.py wrote') from None
   except json.JSONDecodeError as error:

@@ -4,7 +4,9 @@ decoder's output projected chunk by chunk.
 `projected_token_sums` gives what `token_sums` gives on the full logits, but never holds more than
 [chunk, vocab] logits and skips chunks of padding: real target positions are moved to the front,
 and the chunks past them are not projected. Its gradient is computed chunk by chunk in the
-forward pass (a `jax.custom_vjp`), so the backward pass holds no logits either.
+forward pass (a `jax.custom_vjp`), so the backward pass holds no logits either. The chunks save
+memory and, on a CPU, time; an accelerator with memory to spare runs one chunk for the whole batch
+faster (`config.loss_chunk` in transformer/config.py).
 """
 
 import functools
@@ -105,11 +107,17 @@ def _sums_backward(label_smoothing, chunk, grads, cotangents):
 _sums.defvjp(_sums_forward, _sums_backward)
 
 
-def projected_token_sums(states, table, targets, label_smoothing: float, chunk: int) -> dict:
+def projected_token_sums(states, table, targets, label_smoothing: float,
+                         chunk: int | None) -> dict:
   """`token_sums(model.project(states, table), targets, label_smoothing)`, `chunk` target
   positions at a time. states [..., d_model], table [vocab, d_model], targets [...] (0 = padding).
-  Only 'loss' carries a gradient."""
+  Only 'loss' carries a gradient. With `chunk` None or at least the number of positions, the
+  logits are projected at once, without the chunk loop (whose steps run one after another)."""
   width = states.shape[-1]
-  sums = _sums(states.reshape(-1, width), table, targets.reshape(-1), label_smoothing, chunk)
+  states, targets = states.reshape(-1, width), targets.reshape(-1)
+  if chunk is None or chunk >= targets.size:
+    sums = token_sums(project(states, table), targets, label_smoothing)
+  else:
+    sums = _sums(states, table, targets, label_smoothing, chunk)
   return {name: value if name == 'loss' else jax.lax.stop_gradient(value)
           for name, value in sums.items()}

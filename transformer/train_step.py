@@ -12,6 +12,7 @@ import ml_collections
 import optax
 from flax.training import train_state
 
+from transformer import config as config_lib
 from transformer import hash_rng, loss, optim
 from transformer.model import Transformer, TransformerConfig, output_table
 
@@ -42,7 +43,7 @@ class StepFunctions:
     self.train_model = Transformer(model_config.replace(deterministic=False))
     self.eval_model = Transformer(model_config.replace(deterministic=True))
     self.label_smoothing = config.label_smoothing
-    self.loss_chunk = config.loss_chunk_tokens
+    self.loss_chunk = config_lib.loss_chunk(config)
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
     self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl

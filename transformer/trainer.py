@@ -43,7 +43,7 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
   current = json.loads(config.to_json())
   if os.path.exists(path):
     with open(path) as f:
-      stored = json.load(f)
+      stored = config_lib.with_added_keys(json.load(f))
     for key in RESUME_KEYS:
       old, new = stored.get(key), current[key]
       if isinstance(new, dict):
@@ -243,6 +243,7 @@ def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator):
 def train(config: ml_collections.ConfigDict, workdir: str):
   """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
   config_lib.validate(config)
+  config_lib.use_compilation_cache(config)
   os.makedirs(workdir, exist_ok=True)
   check_and_write_config(config, workdir)
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),

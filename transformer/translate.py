@@ -82,9 +82,8 @@ class Translator:
     self.config, self.vocab, self.beam_size, self.alpha = config, vocab, beam_size, alpha
     model_config = config_lib.model_config(config)
     self.devices = jax.local_device_count()
-    # Per device, beam_size hypotheses of every sentence share the training token budget.
-    self.tokens_per_device = max(config.tokens_per_batch // (
-        config.grad_accum_steps * self.devices * beam_size), LENGTH_STEP)
+    # Source tokens per device and call: beam_size hypotheses of each sentence share the budget.
+    self.tokens_per_device = max(config_lib.decode_batch_tokens(config) // beam_size, LENGTH_STEP)
     # Learned positions end at max_positions; past it their lookup gives NaN embeddings.
     self.max_source_tokens = (config.model.max_positions - config.decode_extra_length
                               if config.model.positional_encoding == 'learned' else None)
@@ -92,6 +91,17 @@ class Translator:
         lambda params, sources: decode.beam_search(
             model_config, params, sources, beam_size=beam_size, alpha=alpha,
             extra_length=config.decode_extra_length)[0])
+    self._compiled = {}  # (rows per device, length) -> the beam search compiled for it
+    self.compile_secs = 0.0  # spent compiling so far
+
+  def _search_for(self, params, rows: int, length: int):
+    """The beam search compiled for [devices, rows, length] sources, compiled on first use."""
+    if (rows, length) not in self._compiled:
+      began = time.time()
+      sources = jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
+      self._compiled[rows, length] = self._search.lower(params, sources).compile()
+      self.compile_secs += time.time() - began
+    return self._compiled[rows, length]
 
   def translate(self, params, sentences: list[str], progress: bool = False) -> list[str]:
     """Translations of `sentences` with `params` replicated over the local devices; `progress`
@@ -103,15 +113,18 @@ class Translator:
     encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
     self._check_lengths(encoded)
     outputs_of = [None] * len(sentences)
+    calls = decode_batches([len(ids) for ids in encoded], self.tokens_per_device, self.devices)
+    for _, rows, length in calls:  # before the clock of the progress display starts
+      self._search_for(params, rows, length)
     shown = Progress(len(sentences)) if progress else None
-    for indices, rows, length in decode_batches([len(ids) for ids in encoded],
-                                                self.tokens_per_device, self.devices):
+    for indices, rows, length in calls:
       # A short last call is filled with copies of its longest sentence, which finish with it.
       filled = np.concatenate([indices, np.full(rows * self.devices - len(indices), indices[-1])])
       batch = np.zeros((len(filled), length), np.int32)
       for row, i in enumerate(filled):
         batch[row, :len(encoded[i])] = encoded[i]
-      outputs = np.asarray(self._search(params, batch.reshape(self.devices, rows, length)))
+      outputs = np.asarray(self._search_for(params, rows, length)(
+          params, batch.reshape(self.devices, rows, length)))
       outputs = outputs.reshape(-1, outputs.shape[-1])
       for row, i in enumerate(indices):
         outputs_of[i] = outputs[row]
@@ -148,6 +161,7 @@ def define_decoding_flags():
 def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
   """(Translator, replicated parameters, config, checkpoint steps used) of a train.py workdir."""
   config = config_lib.load_workdir_config(workdir)
+  config_lib.use_compilation_cache(config)
   vocab = data.load_vocabulary(config, workdir)
   params, steps = checkpoints.load_params(workdir, config, average_last)
   translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
