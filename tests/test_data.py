@@ -386,6 +386,19 @@ def test_eval_batches_cover_the_split_once_in_shapes_all_hosts_share(corpus, pro
   assert lengths == sorted(lengths)  # one run of batches per length
 
 
+def test_packed_eval_batches_cover_the_split_once_in_one_shape(corpus):
+  config, vocab, _ = corpus
+  config = config_lib.validate(config.copy_and_resolve_references())
+  config.packing = True
+  batches = list(data.eval_batches(config, vocab, 'validation', num_devices=2))
+  assert {b['sources'].shape[::2] for b in batches} == {(2, config.max_length)}
+  assert len({b['sources'].shape for b in batches}) == 1  # one evaluation program to compile
+  assert len(batches) < len(list(data.eval_batches(corpus[0], vocab, 'validation',
+                                                   num_devices=2)))
+  seen = [p for b in batches for device in range(2) for p in device_pairs(b, device)]
+  assert collections.Counter(seen) == all_pairs(encode_all(config, vocab, 'validation'))
+
+
 def test_split_texts_are_the_raw_pairs_in_order(corpus):
   config, _, _ = corpus
   sources, references = data.split_texts(config, 'validation')

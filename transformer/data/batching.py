@@ -333,7 +333,9 @@ def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_
 def eval_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
                  process_index: int = 0, process_count: int = 1, num_devices: int = 1,
                  all_gather: AllGather = all_hosts):
-  """One pass over `split`, one pair per row, grouped by length; unused rows are all padding."""
+  """One pass over `split`; unused rows are all padding. With config.packing the pairs are packed
+  into max_length rows as in training, so the split compiles one evaluation shape; else one pair
+  per row, grouped by length."""
   where = layout(config, process_index, process_count, num_devices)
-  batches = Batches(config, vocab, split, where, False, all_gather)
+  batches = Batches(config, vocab, split, where, config.packing, all_gather)
   return (batches.fill(length, rows) for length, rows in batches.plan(None))
