@@ -66,11 +66,12 @@ def machine_name(machine: dict) -> str:
   return name
 
 
-def matmul_peak(repeats: int) -> dict:
-  """Best float32 FLOP/s of a jitted square matmul over a few sizes."""
+def matmul_peak(repeats: int, dtype=jnp.float32) -> dict:
+  """Best FLOP/s of a jitted square matmul in `dtype` over a few sizes, larger on accelerators."""
   best = {'flops_per_sec': 0.0}
-  for n in (512, 1024, 2048):
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+  sizes = (512, 1024, 2048) if jax.default_backend() == 'cpu' else (2048, 4096, 8192)
+  for n in sizes:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
     matmul = jax.jit(jnp.matmul)
     matmul(a, a).block_until_ready()
     secs = timed(lambda: matmul(a, a).block_until_ready(), repeats)

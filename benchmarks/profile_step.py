@@ -1,15 +1,17 @@
 r"""Where the training step's time goes: a jax.profiler trace read against XLA's optimized HLO.
 
-  python -m benchmarks.profile_step [--shape=128x32] [--steps=5] [--top=12]
+  python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
+      [--shape=128x32] [--steps=5] [--top=12] [--name=profile_step]
 
-Runs our pmapped train step (configs/multi30k.py's model, the random batch of vs_flax.py) under
+Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
+configs/default.py, with the variant's config overrides; the random batch of vs_flax.py) under
 `jax.profiler.trace` and adds up the time of each XLA operation (thunk) the trace records. Each
 operation is classed by what its HLO computes, read from the step's optimized HLO:
 matmul (a fusion around a dot), reduction (softmax, LayerNorm, loss sums), layout (copy,
 transpose), elementwise (any other fusion), other. Prints the classes' shares, the heaviest
 operations with the jax op that made them, and the model FLOP/s of the step and of its matmuls
 alone (6 FLOPs per parameter and real token, over matmul time) beside the matmul peak of
-measure.py. Writes benchmarks/results/profile_step.{json,md}.
+measure.py in the model's dtype. Writes benchmarks/results/<name>.{json,md}.
 """
 
 import collections
@@ -25,14 +27,18 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from benchmarks.measure import machine, matmul_peak, write_results
-from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
+from benchmarks.measure import machine, machine_name, matmul_peak, write_results
+from benchmarks.workload import (CONFIG_FILES, Ours, import_ours, load_config, parse_shape,
+                                 random_batch)
 
 _SHAPE = flags.DEFINE_string('shape', '128x32', 'Training batch, rows x length.')
 _STEPS = flags.DEFINE_integer('steps', 5, 'Steps traced.')
 _TOP = flags.DEFINE_integer('top', 12, 'Heaviest operations listed.')
+_SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The model\'s config.')
+_VARIANT = flags.DEFINE_string('variant', '', 'Space-separated key=value config overrides.')
+_NAME = flags.DEFINE_string('name', 'profile_step', 'Results go to <name>.json and <name>.md.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
-                              'Where profile_step.json and profile_step.md go.')
+                              'Where the results go.')
 
 _COMPUTATION = re.compile(r'^%?(\S+) .*\{$')
 _INSTRUCTION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(')
@@ -96,7 +102,7 @@ def thunk_seconds(trace_dir: str, names: set[str]) -> dict[str, float]:
 
 def main(argv):
   del argv
-  ours = Ours(import_ours(''))
+  ours = Ours(import_ours(''), load_config(_VARIANT.value, _SIZE.value))
   batch = random_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
                        ours.model_config.vocab_size)
   sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
@@ -122,20 +128,22 @@ def main(argv):
       'shape': _SHAPE.value, 'steps': _STEPS.value, 'step_secs': step_secs,
       'operation_secs': total, 'model_flops_per_sec': float(flops / step_secs),
       'matmul_model_flops_per_sec': float(flops / by_class['matmul']),
-      'matmul_peak_flops_per_sec': matmul_peak(5)['flops_per_sec'],
+      'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
+      'size': _SIZE.value, 'variant': _VARIANT.value,
       'classes': {kind: {'secs': s, 'share': s / total} for kind, s in by_class.most_common()},
       'top': [{'name': name, 'class': classes[name][0], 'op': classes[name][1], 'secs': s,
                'share': s / total}
               for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:_TOP.value]],
       'machine': machine()}
   table = markdown(results)
-  write_results(_OUTPUT.value, 'profile_step', results, table)
+  write_results(_OUTPUT.value, _NAME.value, results, table)
 
 
 def markdown(r: dict) -> str:
   peak = r['matmul_peak_flops_per_sec']
   lines = [
-      f'Train step {r["shape"]} on {r["machine"]["cores"]} cores ({r["machine"]["cpu"]}): '
+      f'Train step {r["shape"]}, {r.get("size", "multi30k")} size '
+      f'{r.get("variant") or ""}, on {machine_name(r["machine"])}: '
       f'{r["step_secs"]:.3f} s per step under the tracer, {r["operation_secs"]:.3f} s of XLA '
       f'operations. Model FLOP/s: {r["model_flops_per_sec"] / 1e12:.3f} TFLOP/s for the step '
       f'({100 * r["model_flops_per_sec"] / peak:.0f}% of the {peak / 1e12:.3f} TFLOP/s matmul '

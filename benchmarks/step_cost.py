@@ -19,28 +19,12 @@ import statistics
 import jax
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from benchmarks.measure import machine, machine_name, round_robin, write_results
-from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
-from transformer import config as config_lib
+from benchmarks.workload import Ours, import_ours, load_config, parse_shape, random_batch
 
 FLAGS = flags.FLAGS
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
-                           'multi30k.py')
 RECIPE = '(the recipe)'
-
-
-def load_config(variant: str):
-  """configs/multi30k.py with the variant's overrides, parsed as train.py's --config.key=value."""
-  argv = ['step_cost', f'--config={CONFIG_FILE}', *(f'--config.{o}' for o in variant.split())]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
-  try:
-    config_lib.parse_flags(argv, flag_values)
-  except (config_lib.ConfigError, flags.Error) as error:
-    raise SystemExit(f'--variant={variant!r}: {error}') from None
-  return flag_values.config
 
 
 def costs(times: dict) -> dict:

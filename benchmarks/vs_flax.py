@@ -1,29 +1,34 @@
 r"""Our train step and beam search against flax's examples/wmt, timed alternately in one process.
 
-  python -m benchmarks.vs_flax [--repeats=15] [--flax_dir=DIR] [--ours=CHECKOUT]
+  python -m benchmarks.vs_flax [--size=multi30k|base] [--variant='key=value ...'] [--repeats=15]
+      [--train_shapes=128x32,...] [--beam_shape=64x24 or ''] [--name=vs_flax] [--flax_dir=DIR]
+      [--ours=CHECKOUT]
 
 The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
 `pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
 tensorflow and clu at top level for its input pipeline and logging, which are not timed: they and
 its tf.data input_pipeline are stubbed in `sys.modules` rather than installed.
 
-Both models have the size of configs/multi30k.py (d_model 256, d_ff 512, 4 heads, 2 + 2 layers,
-its shared vocabulary tied to the output, dropout 0.1, no attention dropout, float32).
+Both models have the size of --size: configs/multi30k.py (d_model 256, d_ff 512, 4 heads, 2 + 2
+layers, float32) or configs/default.py, the paper's base (d_model 512, d_ff 2048, 8 heads, 6 + 6
+layers, bfloat16), each with its shared vocabulary tied to the output, dropout 0.1 and no attention
+dropout, flax's in the same dtype. Each --variant adds one more of ours, the config with those
+overrides (train.py's --config.key=value without the prefix), timed beside the others.
 Both run on the same random batches: each side of each row has a length drawn uniformly from
 [L/2, L], so about 75% of the slots are real tokens, as in the length buckets of Multi30k. Each
-round times one side then the other (the order alternating); times are medians and the ratio is
-the median of the rounds' ratios.
+round times every side once (the order rotating); times are medians and each ratio is the median
+of the rounds' ratios.
 
 - train: one pmapped training step (forward, backward, Adam), each side's own `train_step`.
 - beam: beam search, beam 4, alpha 0.6, on 64 sentences of 24 tokens, decoded to the length
   limit (source + 50 tokens) by both: the EOS row of each side's embedding is zeroed, so EOS is
   never a top candidate, and our search reports how many steps it ran. Flax's time includes its
-  cache set-up (`initialize_cache`), as in its own translate loop.
+  cache set-up (`initialize_cache`), as in its own translate loop. Our variants are not decoded.
 
-Also measured in the same run: this machine's jitted float32 matmul peak, and each side's model
-FLOP/s (2 FLOPs per parameter and real token forward, 6 with the backward pass; the same count
-for both sides). Writes benchmarks/results/vs_flax.{json,md}. With --ours, the model and steps
-timed as ours are those of another checkout (see benchmarks/changes.py).
+Also measured in the same run: this machine's jitted matmul peak in the models' dtype, and each
+side's model FLOP/s (2 FLOPs per parameter and real token forward, 6 with the backward pass; the
+same count for both sides). Writes benchmarks/results/<name>.{json,md}. With --ours, the model and
+steps timed as ours are those of another checkout (see benchmarks/changes.py).
 """
 
 import functools
@@ -44,8 +49,10 @@ import optax
 from absl import app, flags
 from flax import jax_utils
 
-from benchmarks.measure import machine, matmul_peak, round_robin, tflops, write_results
-from benchmarks.workload import Ours, import_ours, parse_shape, random_batch
+from benchmarks.measure import (machine, machine_name, matmul_peak, round_robin, tflops,
+                                write_results)
+from benchmarks.workload import (CONFIG_FILES, Ours, import_ours, load_config, parse_shape,
+                                 random_batch)
 from transformer import decode
 
 _FLAX_DIR = flags.DEFINE_string(
@@ -55,7 +62,12 @@ _FLAX_DIR = flags.DEFINE_string(
 _REPEATS = flags.DEFINE_integer('repeats', 15, 'Rounds timed; each runs both sides once.')
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
                                   'Training batches, rows x length.')
-_BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24', 'Beam search batch, sentences x length.')
+_BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24',
+                                  "Beam search batch, sentences x length; '' for none.")
+_SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The models\' config.')
+_VARIANTS = flags.DEFINE_multi_string(
+    'variant', [], 'Space-separated key=value config overrides of one more of ours.')
+_NAME = flags.DEFINE_string('name', 'vs_flax', 'Results go to <name>.json and <name>.md.')
 _OURS = flags.DEFINE_string(
     'ours', '', 'A checkout whose configs/ and transformer/ are timed as ours (default: this one).')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
@@ -108,14 +120,17 @@ def import_flax_wmt(directory: str):
   return modules['models'], modules['decode'], modules['train']
 
 
-def alternate(ours, flax, repeats: int) -> dict:
-  """Median seconds of each side and the flax / ours ratio: the median of the ratios within each
-  of `repeats` rounds of `round_robin`."""
-  times = round_robin({'ours': ours, 'flax': flax}, repeats)
-  ratios = sorted(f / o for o, f in zip(times['ours'], times['flax']))
-  return {'ours_secs': statistics.median(times['ours']),
-          'flax_secs': statistics.median(times['flax']),
-          'speedup': statistics.median(ratios), 'speedup_range': [ratios[0], ratios[-1]]}
+def alternate(sides: dict, repeats: int) -> dict:
+  """{side: median seconds, and for each of ours the flax / ours ratio: the median of the ratios
+  within each of `repeats` rounds of `round_robin`}; `sides` maps names to calls, flax's 'flax'."""
+  times = round_robin(sides, repeats)
+  result = {}
+  for name, secs in times.items():
+    ratios = sorted(f / o for o, f in zip(secs, times['flax']))
+    result[name] = {'secs': statistics.median(secs)}
+    if name != 'flax':
+      result[name].update(speedup=statistics.median(ratios), speedup_range=[ratios[0], ratios[-1]])
+  return result
 
 
 class Flax:
@@ -126,7 +141,7 @@ class Flax:
     m = ours.model_config
     self.model_config = self.models.TransformerConfig(
         vocab_size=m.vocab_size, output_vocab_size=m.vocab_size, share_embeddings=True,
-        logits_via_embedding=True, dtype=jnp.float32, emb_dim=m.d_model, num_heads=m.num_heads,
+        logits_via_embedding=True, dtype=m.dtype, emb_dim=m.d_model, num_heads=m.num_heads,
         num_layers=m.num_encoder_layers, qkv_dim=m.d_model, mlp_dim=m.d_ff,
         max_len=512, dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
         deterministic=False, decode=False)
@@ -172,32 +187,42 @@ def main(argv):
   del argv
   repeats = _REPEATS.value
   rng = np.random.default_rng(0)
-  ours = Ours(import_ours(_OURS.value))
-  reference = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
-  encoder_params, decoder_params = ours.parameters
-  peak = matmul_peak(repeats)
+  modules = import_ours(_OURS.value)
+  ours = {variant or 'ours': Ours(modules, load_config(variant, _SIZE.value, _OURS.value))
+          for variant in ['', *_VARIANTS.value]}
+  mine = ours['ours']
+  reference = Flax(fetch_flax_examples(_FLAX_DIR.value), mine)
+  encoder_params, decoder_params = mine.parameters
+  peak = matmul_peak(repeats, mine.model_config.dtype)
   results = {
-      'machine': machine(),
+      'machine': machine(), 'size': _SIZE.value, 'dtype': jnp.dtype(mine.model_config.dtype).name,
       'matmul_peak_flops_per_sec': peak['flops_per_sec'], 'matmul_peak_size': peak['size'],
       'repeats': repeats, 'train': [], 'beam': {}}
 
   for shape in map(parse_shape, _TRAIN_SHAPES.value):
-    batch = random_batch(rng, *shape, ours.model_config.vocab_size)
+    batch = random_batch(rng, *shape, mine.model_config.vocab_size)
     sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
-    sides = functools.partial(ours.train, sharded), functools.partial(reference.train, sharded)
-    for fn in sides:  # compile, and a first step off the clock
+    sides = {name: functools.partial(side.train, sharded) for name, side in ours.items()}
+    sides['flax'] = functools.partial(reference.train, sharded)
+    for fn in sides.values():  # compile, and a first step off the clock
       fn()
       fn()
-    timing = alternate(*sides, repeats)
     flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
                  decoder_params * (batch['targets'] > 0).sum())
     results['train'].append({
         'shape': 'x'.join(map(str, shape)),
         'real_token_fraction': float((batch['targets'] > 0).mean()),
-        **timing,
-        'ours_model_flops_per_sec': flops / timing['ours_secs'],
-        'flax_model_flops_per_sec': flops / timing['flax_secs']})
+        'sides': {name: {**timing, 'model_flops_per_sec': float(flops / timing['secs'])}
+                  for name, timing in alternate(sides, repeats).items()}})
 
+  if _BEAM_SHAPE.value:
+    results['beam'] = beam(mine, reference, rng, repeats)
+  write_results(_OUTPUT.value, _NAME.value, results, markdown(results))
+
+
+def beam(ours: Ours, reference: Flax, rng: np.random.Generator, repeats: int) -> dict:
+  """Both beam searches on --beam_shape random sentences, decoded to the length limit."""
+  encoder_params, decoder_params = ours.parameters
   sentences, length = parse_shape(_BEAM_SHAPE.value)
   sources = jnp.asarray(rng.integers(3, ours.model_config.vocab_size, (sentences, length)),
                         jnp.int32).at[:, -1].set(decode.EOS_ID)
@@ -209,43 +234,47 @@ def main(argv):
     raise RuntimeError(f'a search stopped early (ours after {steps} of {limit} steps): the two '
                        'sides would not decode as many tokens')
   beam_args = BEAM_SIZE, ALPHA, EXTRA_LENGTH
-  timing = alternate(lambda: ours.beam_search(our_params, sources, *beam_args),
-                     lambda: reference.beam_search(flax_params, sources), repeats)
   flops = 2 * (encoder_params * sources.size + decoder_params * sentences * BEAM_SIZE * limit)
-  results['beam'] = {
-      'shape': _BEAM_SHAPE.value, 'beam_size': BEAM_SIZE, 'steps': limit,
-      **timing,
-      'ours_model_flops_per_sec': flops / timing['ours_secs'],
-      'flax_model_flops_per_sec': flops / timing['flax_secs']}
-
-  table = markdown(results)
-  write_results(_OUTPUT.value, 'vs_flax', results, table)
+  timing = alternate({'ours': lambda: ours.beam_search(our_params, sources, *beam_args),
+                      'flax': lambda: reference.beam_search(flax_params, sources)}, repeats)
+  return {'shape': _BEAM_SHAPE.value, 'beam_size': BEAM_SIZE, 'steps': limit,
+          'sides': {name: {**t, 'model_flops_per_sec': float(flops / t['secs'])}
+                    for name, t in timing.items()}}
 
 
 def markdown(results: dict) -> str:
   peak = results['matmul_peak_flops_per_sec']
 
-  def row(step: str, r: dict) -> str:
-    low, high = r['speedup_range']
-    return (f'| {step} | {r["shape"]} | {r["ours_secs"]:.3f} | {r["flax_secs"]:.3f} | '
-            f'{r["speedup"]:.2f}x ({low:.2f}-{high:.2f}) | '
-            f'{tflops(r["ours_model_flops_per_sec"], peak)} | '
-            f'{tflops(r["flax_model_flops_per_sec"], peak)} |')
+  def rows(step: str, r: dict) -> list[str]:
+    flax = r['sides']['flax']
+    lines = []
+    for name, side in r['sides'].items():
+      if name == 'flax':
+        continue
+      low, high = side['speedup_range']
+      lines.append(
+          f'| {step} | {r["shape"]} | {name} | {side["secs"] * 1e3:.1f} | '
+          f'{flax["secs"] * 1e3:.1f} | {side["speedup"]:.2f}x ({low:.2f}-{high:.2f}) | '
+          f'{tflops(side["model_flops_per_sec"], peak)} | '
+          f'{tflops(flax["model_flops_per_sec"], peak)} |')
+    return lines
 
   beam = results['beam']
+  beam_rows = rows(f'beam {beam["beam_size"]}, {beam["steps"]} steps', beam) if beam else []
   return '\n'.join([
-      f'{results["repeats"]} rounds on {results["machine"]["cores"]} cores '
-      f'({results["machine"]["cpu"]}), jax {results["machine"]["jax"]}, flax '
-      f'{results["machine"]["flax"]}; each round times both sides back to back. Seconds are '
+      f'{results["size"]} size, {results["dtype"]}; {results["repeats"]} rounds on '
+      f'{machine_name(results["machine"])}, jax {results["machine"]["jax"]}, flax '
+      f'{results["machine"]["flax"]}; each round times every side once. Milliseconds are '
       f'medians; flax / ours is the median of the rounds\' ratios (lowest-highest in brackets). '
-      f'Float32 matmul peak {peak / 1e12:.3f} TFLOP/s ({results["matmul_peak_size"]}^2); model '
-      f'TFLOP/s in brackets: % of that peak.',
+      f'{results["dtype"]} matmul peak {peak / 1e12:.1f} TFLOP/s '
+      f'({results["matmul_peak_size"]}^2); '
+      'model TFLOP/s in brackets: % of that peak.',
       '',
-      '| step | batch | ours (s) | flax examples/wmt (s) | flax / ours | ours TFLOP/s | '
-      'flax TFLOP/s |',
-      '| --- | --- | --- | --- | --- | --- | --- |',
-      *(row('train', r) for r in results['train']),
-      row(f'beam {beam["beam_size"]}, {beam["steps"]} steps', beam)]) + '\n'
+      '| step | batch | ours (config overrides) | ours (ms) | flax examples/wmt (ms) | '
+      'flax / ours | ours TFLOP/s | flax TFLOP/s |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- |',
+      *(line for r in results['train'] for line in rows('train', r)),
+      *beam_rows]) + '\n'
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
-"""What the speed benchmarks time: our model at configs/multi30k.py's size, on random batches.
+"""What the speed benchmarks time: our model at configs/multi30k.py's size or the paper's base size
+(configs/default.py), with a variant's config overrides, on random batches.
 
 `import_ours` can take the model and steps from another checkout, to time an earlier commit.
 """
@@ -10,9 +11,29 @@ import types
 
 import jax
 import numpy as np
+from absl import flags
 from flax import jax_utils
+from ml_collections import config_flags
 
+from transformer import config as config_lib
 from transformer import decode, model
+
+CONFIG_FILES = {'multi30k': 'multi30k.py', 'base': 'default.py'}  # in configs/
+
+
+def load_config(variant: str, size: str = 'multi30k', checkout: str = ''):
+  """The config of `size` from the configs/ of `checkout` (default: this one), with the variant's
+  space-separated key=value overrides, parsed as train.py parses its --config.key=value."""
+  root = checkout or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  argv = ['benchmark', f'--config={os.path.join(root, "configs", CONFIG_FILES[size])}',
+          *(f'--config.{o}' for o in variant.split())]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
+  try:
+    config_lib.parse_flags(argv, flag_values)
+  except (config_lib.ConfigError, flags.Error) as error:
+    raise SystemExit(f'--variant={variant!r}: {error}') from None
+  return flag_values.config
 
 
 def import_ours(checkout: str) -> types.SimpleNamespace:

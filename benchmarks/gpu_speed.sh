@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The speed checks on one GPU, stage by stage, each under its own time limit:
+#
+#   bash benchmarks/gpu_speed.sh MULTI30K_DIR FLAX_WMT_DIR OUT STAGE...
+#
+# STAGE: vs_flax_base (train step at the paper's base size,
+# bfloat16, against flax examples/wmt), multi30k (the recipe's train.py from an empty compilation
+# cache, then eval.py on test2016 twice), base_train (train.py
+# with configs/default.py on Multi30k text), profile_base (benchmarks.profile_step at base size),
+# multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# vs_flax_multi30k. Logs and results go to OUT/<stage>.log and OUT/results/; the figures that the
+# README quotes are printed last. Workdirs and the cache stay in /tmp/gpu_speed for later stages.
+set -uo pipefail
+data=$1 flax=$2 out=$3
+shift 3
+mkdir -p "$out/results"
+work=/tmp/gpu_speed
+mkdir -p "$work"
+cache=$work/jax_cache
+export PYTHONUNBUFFERED=1
+
+run() {  # run NAME SECONDS COMMAND...: the command's output in OUT/NAME.log, its time and status
+  local name=$1 limit=$2
+  shift 2
+  local began=$(date +%s.%N)
+  timeout "$limit" "$@" >>"$out/$name.log" 2>&1
+  local status=$?
+  echo "$name: rc=$status in $(awk "BEGIN {print $(date +%s.%N) - $began}") s" |
+    tee -a "$out/summary.txt"
+  return $status
+}
+
+recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data"
+        --config.compilation_cache_dir="$cache")  # the Multi30k recipe, with the persistent cache
+
+for stage in "$@"; do
+  case $stage in
+    vs_flax_base)
+      variants=(--variant=loss_chunk_tokens=2048)
+      run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+        --beam_shape= --repeats=10 "${variants[@]}" --flax_dir="$flax" \
+        --output="$out/results" --name=vs_flax_base_gpu ;;
+    multi30k)
+      run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"
+      run multi30k_eval_test 90 python3 eval.py --workdir="$work/recipe" --split=test \
+        --output_dir="$out/results/eval_test"
+      run multi30k_eval_test_again 60 python3 eval.py --workdir="$work/recipe" --split=test \
+        --output_dir="$out/results/eval_test_again"
+      cp "$work/recipe/metrics.jsonl" "$out/results/multi30k_metrics.jsonl" ;;
+    multi30k_warm)
+      run multi30k_train_warm 240 "${recipe[@]}" --workdir="$work/recipe_warm" ;;
+    base_train)
+      run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
+        --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
+        --config.max_length=128 --config.packing=True --config.num_train_steps=300 \
+        --config.log_every_steps=100 --config.eval_every_steps=0 --config.bleu_every_steps=0 \
+        --config.checkpoint_every_secs=0 --config.compilation_cache_dir="$cache"
+      cp "$work/base/metrics.jsonl" "$out/results/base_metrics.jsonl" ;;
+    profile_base)
+      run profile_base 150 python3 -m benchmarks.profile_step --size=base --shape=256x64 \
+        --output="$out/results" --name=profile_base_gpu ;;
+    vs_flax_multi30k)
+      run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 --repeats=10 \
+        --flax_dir="$flax" --output="$out/results" --name=vs_flax_multi30k_gpu ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+
+echo; cat "$out/summary.txt"
+for f in "$out"/results/*.md; do echo "== $f"; cat "$f"; done
+for f in "$out"/results/eval_*/scores.json; do echo "== $f"; cat "$f"; done
+for f in "$out"/results/*metrics.jsonl; do
+  echo "== $f"; grep -v '"split"' "$f" | tail -n 3 | cut -c1-400
+done
+grep -h -E 'compil|vocabulary trained|BLEU at step' "$out"/multi30k_train_*.log | cut -c1-200
+exit 0
