@@ -52,9 +52,9 @@ def always_predicting(token: int):
   """Parameters giving `token` the logit 16, EOS -16 (unless it is `token`), others 0."""
   config = CONFIG.replace(tie_output_embedding=False)
   params = Transformer(config).init(jax.random.key(0), SOURCES, SOURCES)['params']
-  kernel = jnp.zeros((16, 4)).at[:, decode.EOS_ID].set(-1.0).at[:, token].set(1.0)
-  params['output_projection']['kernel'] = kernel
-  # The last LayerNorm's output then sums to 16, so column c of the kernel gives 16 * c.
+  table = jnp.zeros((4, 16)).at[decode.EOS_ID].set(-1.0).at[token].set(1.0)  # [vocab, d_model]
+  params['output_projection']['embedding'] = table
+  # The last LayerNorm's output then sums to 16, so row c of the table gives 16 * c.
   last_norm = params['decoder']['layer_0']['feed_forward_residual']['norm']
   last_norm['bias'] = jnp.ones(16)
   return config, params
@@ -98,7 +98,7 @@ def test_cached_beam_search_equals_recomputing_the_prefix(params, cache_stage):
 def test_a_cache_grown_in_stages_gives_the_same_search():
   # Limits of 7-9 positions: stages of 1 and 3 grow the cache 8 and 2 times, 64 never.
   config, params = always_predicting(2)
-  params['output_projection']['kernel'] += jax.random.normal(jax.random.key(1), (16, 4))
+  params['output_projection']['embedding'] += jax.random.normal(jax.random.key(1), (4, 16))
   results = [decode.beam_search(config, params, SOURCES, beam_size=2, extra_length=5,
                                 cache_stage=stage) for stage in (1, 3, 64)]
   for tokens, scores, steps in results[:2]:
