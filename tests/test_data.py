@@ -361,40 +361,19 @@ def test_too_small_a_budget_per_device_is_an_error(corpus):
 # Evaluation batches and raw text.
 
 @pytest.mark.parametrize('process_count', [1, 2])
-def test_eval_batches_cover_the_split_once_in_shapes_all_hosts_share(corpus, process_count):
+@pytest.mark.parametrize('packing', [False, True])
+def test_eval_batches_pack_the_split_once_into_one_shape_all_hosts_share(corpus, process_count,
+                                                                         packing):
   config, vocab, _ = corpus
-  encoded = encode_all(config, vocab, 'validation')
+  config = config.copy_and_resolve_references()
+  config.packing = packing  # training's choice; evaluation packs either way
   hosts = simulated_hosts(lambda i, gather: list(data.eval_batches(
       config, vocab, 'validation', process_index=i, process_count=process_count, num_devices=2,
       all_gather=gather)), process_count)
   assert len({len(h) for h in hosts}) == 1
-  buckets = batching.bucket_lengths(config.max_length)
-  seen, lengths = [], []
-  for parts in zip(*hosts):
-    assert len({p['sources'].shape for p in parts}) == 1
-    devices, rows, length = parts[0]['sources'].shape
-    assert devices == 2
-    lengths.append(length)
-    for part in parts:
-      for device in range(2):
-        pairs = device_pairs(part, device)
-        # Each pair in the shortest length that fits it.
-        assert all(buckets[buckets.index(length) - 1] < max(map(len, p)) for p in pairs
-                   if length > buckets[0])
-        seen += pairs
-  assert collections.Counter(seen) == all_pairs(encoded)
-  assert lengths == sorted(lengths)  # one run of batches per length
-
-
-def test_packed_eval_batches_cover_the_split_once_in_one_shape(corpus):
-  config, vocab, _ = corpus
-  config = config_lib.validate(config.copy_and_resolve_references())
-  config.packing = True
-  batches = list(data.eval_batches(config, vocab, 'validation', num_devices=2))
-  assert {b['sources'].shape[::2] for b in batches} == {(2, config.max_length)}
-  assert len({b['sources'].shape for b in batches}) == 1  # one evaluation program to compile
-  assert len(batches) < len(list(data.eval_batches(corpus[0], vocab, 'validation',
-                                                   num_devices=2)))
+  batches = [part for host in hosts for part in host]
+  assert {b['sources'].shape for b in batches} == {batches[0]['sources'].shape}  # one program
+  assert batches[0]['sources'].shape[::2] == (2, config.max_length)
   seen = [p for b in batches for device in range(2) for p in device_pairs(b, device)]
   assert collections.Counter(seen) == all_pairs(encode_all(config, vocab, 'validation'))
 

@@ -213,9 +213,8 @@ class Batches:
   def __init__(self, config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
                where: Layout, pack_rows: bool, all_gather: AllGather):
     self.buckets = bucket_lengths(config.max_length)
-    # With config.packing every batch, even one of single-pair rows, carries segment ids and
-    # positions, so training and evaluation steps see the same inputs.
-    self.where, self._segments, self._seed = where, config.packing, config.seed
+    # Packed batches, even those of single-pair rows, carry segment ids and positions.
+    self.where, self._segments, self._seed = where, pack_rows, config.seed
     corpus = sources.load_split(config, split)
     order = rng(config.seed, SHARDING).permutation(len(corpus))
     self.shards = [arrange(encode(corpus, vocab, config.max_length,
@@ -333,9 +332,9 @@ def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_
 def eval_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
                  process_index: int = 0, process_count: int = 1, num_devices: int = 1,
                  all_gather: AllGather = all_hosts):
-  """One pass over `split`; unused rows are all padding. With config.packing the pairs are packed
-  into max_length rows as in training, so the split compiles one evaluation shape; else one pair
-  per row, grouped by length."""
+  """One pass over `split`, its pairs packed into max_length rows whatever config.packing: one
+  shape to compile and little padding, and the loss sums of separate rows (segments never attend
+  across). Unused rows are all padding."""
   where = layout(config, process_index, process_count, num_devices)
-  batches = Batches(config, vocab, split, where, config.packing, all_gather)
+  batches = Batches(config, vocab, split, where, True, all_gather)
   return (batches.fill(length, rows) for length, rows in batches.plan(None))
