@@ -92,10 +92,12 @@ class Translator:
             model_config, params, sources, beam_size=beam_size, alpha=alpha,
             extra_length=config.decode_extra_length)[0])
     self._compiled = {}  # (rows per device, length) -> the beam search compiled for it
-    self.compile_secs = 0.0  # spent compiling so far
+    self.compile_secs = 0.0  # spent compiling so far (one host; several compile on first call)
 
   def _search_for(self, params, rows: int, length: int):
     """The beam search compiled for [devices, rows, length] sources, compiled on first use."""
+    if jax.process_count() > 1:  # pmap's ahead-of-time executables take global arrays there
+      return self._search
     if (rows, length) not in self._compiled:
       began = time.time()
       sources = jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
