@@ -5,7 +5,6 @@
 command line with a `--config` file flag, and its mistakes, as one ConfigError too.
 """
 
-import copy
 import dataclasses
 import json
 import numbers
@@ -218,15 +217,8 @@ ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': ''}
 
 
 def with_added_keys(stored: dict) -> dict:
-  """A copy of a stored config.json's dict with the ADDED_KEYS it lacks."""
-  stored = copy.deepcopy(stored)
-  for key, value in ADDED_KEYS.items():
-    *sections, leaf = key.split('.')
-    node = stored
-    for section in sections:
-      node = node.setdefault(section, {})
-    node.setdefault(leaf, value)
-  return stored
+  """A stored config.json's dict with the ADDED_KEYS it lacks."""
+  return {**ADDED_KEYS, **stored}
 
 
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
