@@ -3,11 +3,10 @@
 #
 #   bash benchmarks/gpu_speed.sh MULTI30K_DIR FLAX_WMT_DIR OUT STAGE...
 #
-# STAGE: vs_flax_base (train step at the paper's base size,
-# bfloat16, against flax examples/wmt), multi30k (the recipe's train.py from an empty compilation
-# cache, then eval.py on test2016 twice), base_train (train.py
-# with configs/default.py on Multi30k text), profile_base (benchmarks.profile_step at base size),
-# multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# STAGE: vs_flax_base (train step at the paper's base size, bfloat16, against flax examples/wmt),
+# multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016
+# twice), base_train (train.py with configs/default.py on Multi30k text), profile_base
+# (benchmarks.profile_step at base size), multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
 # vs_flax_multi30k. Logs and results go to OUT/<stage>.log and OUT/results/; the figures that the
 # README quotes are printed last. Workdirs and the cache stay in /tmp/gpu_speed for later stages.
 set -uo pipefail
@@ -36,9 +35,8 @@ recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data
 for stage in "$@"; do
   case $stage in
     vs_flax_base)
-      variants=(--variant=loss_chunk_tokens=2048)
       run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --beam_shape= --repeats=10 "${variants[@]}" --flax_dir="$flax" \
+        --beam_shape= --repeats=10 --variant=loss_chunk_tokens=2048 --flax_dir="$flax" \
         --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"

@@ -124,12 +124,10 @@ def alternate(sides: dict, repeats: int) -> dict:
   """{side: median seconds, and for each of ours the flax / ours ratio: the median of the ratios
   within each of `repeats` rounds of `round_robin`}; `sides` maps names to calls, flax's 'flax'."""
   times = round_robin(sides, repeats)
-  result = {}
-  for name, secs in times.items():
-    ratios = sorted(f / o for o, f in zip(secs, times['flax']))
-    result[name] = {'secs': statistics.median(secs)}
-    if name != 'flax':
-      result[name].update(speedup=statistics.median(ratios), speedup_range=[ratios[0], ratios[-1]])
+  result = {name: {'secs': statistics.median(secs)} for name, secs in times.items()}
+  for name in set(times) - {'flax'}:
+    ratios = sorted(f / o for o, f in zip(times[name], times['flax']))
+    result[name].update(speedup=statistics.median(ratios), speedup_range=[ratios[0], ratios[-1]])
   return result
 
 
