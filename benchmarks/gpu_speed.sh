@@ -5,10 +5,11 @@
 #
 # STAGE: vs_flax_base (train step at the paper's base size, bfloat16, against flax examples/wmt),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016
-# twice), base_train (train.py with configs/default.py on Multi30k text), profile_base
-# (benchmarks.profile_step at base size), multi30k_warm (the recipe's train.py again, from the
-# cache the multi30k stage filled), vs_flax_multi30k. Logs and results go to OUT/<stage>.log and OUT/results/; the figures that the
-# README quotes are printed last. Workdirs and the cache stay in /tmp/gpu_speed for later stages.
+# twice), multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# base_train (train.py with configs/default.py on Multi30k text), profile_base
+# (benchmarks.profile_step at base size), vs_flax_multi30k. Logs and results go to
+# OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
+# Workdirs and the cache stay in /tmp/gpu_speed for later stages.
 set -uo pipefail
 data=$1 flax=$2 out=$3
 shift 3
