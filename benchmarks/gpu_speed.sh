@@ -6,8 +6,9 @@
 # STAGE: vs_flax_base (train step at the paper's base size, bfloat16, against flax examples/wmt),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016
 # twice), multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
-# base_train (train.py with configs/default.py on Multi30k text), profile_base
-# (benchmarks.profile_step at base size), vs_flax_multi30k. Logs and results go to
+# base_train (train.py with configs/default.py on Multi30k text), profile_base and
+# profile_base_flax (benchmarks.profile_step at base size, ours and flax's, traces kept),
+# vs_flax_multi30k. Logs and results go to
 # OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
 # Workdirs and the cache stay in /tmp/gpu_speed for later stages.
 set -uo pipefail
@@ -36,9 +37,9 @@ recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data
 for stage in "$@"; do
   case $stage in
     vs_flax_base)
-      run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --beam_shape= --repeats=10 --variant=loss_chunk_tokens=2048 --flax_dir="$flax" \
-        --output="$out/results" --name=vs_flax_base_gpu ;;
+      run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+        --beam_shape= --repeats=10 --flax_dir="$flax" --output="$out/results" \
+        --name=vs_flax_base_gpu ;;
     multi30k)
       run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"
       run multi30k_eval_test 90 python3 eval.py --workdir="$work/recipe" --split=test \
@@ -51,13 +52,15 @@ for stage in "$@"; do
     base_train)
       run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
-        --config.max_length=128 --config.packing=True --config.num_train_steps=300 \
+        --config.max_length=128 --config.packing=True --config.num_train_steps=200 \
         --config.log_every_steps=100 --config.eval_every_steps=0 --config.bleu_every_steps=0 \
         --config.checkpoint_every_secs=0 --config.compilation_cache_dir="$cache"
       cp "$work/base/metrics.jsonl" "$out/results/base_metrics.jsonl" ;;
-    profile_base)
-      run profile_base 150 python3 -m benchmarks.profile_step --size=base --shape=256x64 \
-        --output="$out/results" --name=profile_base_gpu ;;
+    profile_base|profile_base_flax)
+      side=ours; [[ $stage == *flax ]] && side=flax
+      run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=256x64 --steps=3 \
+        --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
+        --name="${stage}_gpu" ;;
     vs_flax_multi30k)
       run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 --repeats=10 \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_multi30k_gpu ;;

@@ -1,17 +1,22 @@
 r"""Where the training step's time goes: a jax.profiler trace read against XLA's optimized HLO.
 
   python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
-      [--shape=128x32] [--steps=5] [--top=12] [--name=profile_step]
+      [--side=ours|flax] [--shape=128x32] [--steps=5] [--top=12] [--name=profile_step]
+      [--keep_trace]
 
 Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
-configs/default.py, with the variant's config overrides; the random batch of vs_flax.py) under
-`jax.profiler.trace` and adds up the time of each XLA operation (thunk) the trace records. Each
+configs/default.py, with the variant's config overrides; the random batch of vs_flax.py), or with
+--side=flax that of flax's examples/wmt at the same size (see vs_flax.py), under
+`jax.profiler.trace` and adds up the time of each XLA operation the trace records: the thunks a
+CPU runs, or the kernels on an accelerator's timeline (by the HLO operation that launched them).
+Each
 operation is classed by what its HLO computes, read from the step's optimized HLO:
 matmul (a fusion around a dot), reduction (softmax, LayerNorm, loss sums), layout (copy,
 transpose), elementwise (any other fusion), other. Prints the classes' shares, the heaviest
 operations with the jax op that made them, and the model FLOP/s of the step and of its matmuls
 alone (6 FLOPs per parameter and real token, over matmul time) beside the matmul peak of
-measure.py in the model's dtype. Writes benchmarks/results/<name>.{json,md}.
+measure.py in the model's dtype. Writes benchmarks/results/<name>.{json,md}; with --keep_trace
+also the trace (<name>.trace.json.gz) and the optimized HLO (<name>.hlo.txt.gz), to read again.
 """
 
 import collections
@@ -20,6 +25,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 
@@ -28,14 +34,21 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks.measure import machine, machine_name, matmul_peak, write_results
-from benchmarks.workload import (CONFIG_FILES, Ours, import_ours, load_config, parse_shape,
-                                 random_batch)
+from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,
+                                 import_ours, load_config, parse_shape, random_batch)
 
 _SHAPE = flags.DEFINE_string('shape', '128x32', 'Training batch, rows x length.')
 _STEPS = flags.DEFINE_integer('steps', 5, 'Steps traced.')
 _TOP = flags.DEFINE_integer('top', 12, 'Heaviest operations listed.')
 _SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The model\'s config.')
 _VARIANT = flags.DEFINE_string('variant', '', 'Space-separated key=value config overrides.')
+_SIDE = flags.DEFINE_enum('side', 'ours', ['ours', 'flax'], 'Whose train step is traced.')
+_FLAX_DIR = flags.DEFINE_string(
+    'flax_dir', FLAX_DIR, 'Where flax examples/wmt is (fetched from the flax sdist if absent).')
+_KEEP_TRACE = flags.DEFINE_bool('keep_trace', False, 'Also write the trace and the HLO.')
+_REREAD = flags.DEFINE_bool(
+    'reread', False, 'Sum up the trace and HLO that --keep_trace wrote under --name again, and '
+    'rewrite <name>.json and .md, instead of tracing.')
 _NAME = flags.DEFINE_string('name', 'profile_step', 'Results go to <name>.json and <name>.md.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where the results go.')
@@ -87,72 +100,131 @@ def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
   return classes
 
 
-def thunk_seconds(trace_dir: str, names: set[str]) -> dict[str, float]:
-  """Seconds per HLO instruction name over the trace's complete events."""
-  (path,) = glob.glob(os.path.join(trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True)
+def operation_seconds(path: str, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
+  """Seconds and events per HLO instruction name over a trace's complete events.
+
+  An accelerator's kernels are counted on its own timeline, and the host's events of the same
+  operations (their launches) are left out. A kernel is named by the HLO operation that launched
+  it: its kernel name where that is an operation's name with '.' and '-' as '_' (a fusion), else
+  its `hlo_op` (outside a CUDA graph, whose kernels all have the graph's), else its own name (a
+  library's matmul in a graph). On a CPU the thunks are the host's events.
+  """
   with gzip.open(path) as f:
     events = json.load(f)
   events = events['traceEvents'] if isinstance(events, dict) else events
-  seconds = collections.Counter()
+  processes = {e['pid']: e.get('args', {}).get('name', '') for e in events
+               if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+  devices = {pid for pid, name in processes.items()
+             if re.search(r'/device:(GPU|TPU)', name)}
+  kernel_names = {re.sub(r'[.\-]', '_', name): name for name in names}
+  seconds, counts = collections.Counter(), collections.Counter()
   for event in events:
-    if 'dur' in event and event.get('name') in names:
-      seconds[event['name']] += event['dur'] * 1e-6
-  return dict(seconds)
+    if 'dur' not in event or (devices and event.get('pid') not in devices):
+      continue
+    kernel, op = event.get('name'), event.get('args', {}).get('hlo_op')
+    name = next((n for n in (kernel_names.get(kernel), kernel, op) if n in names), kernel)
+    if name in names or devices:
+      seconds[name] += event['dur'] * 1e-6
+      counts[name] += 1
+  return dict(seconds), dict(counts)
+
+
+def library_class(kernel: str) -> tuple[str, str]:
+  """The class of a kernel no HLO operation names: cuBLAS's and CUTLASS's matmuls, or unknown."""
+  if re.search(r'gemm|nvjet|xmma|cutlass|cublas', kernel):
+    return 'matmul', 'a matmul library kernel'
+  return 'unknown', ''
 
 
 def main(argv):
   del argv
+  paths = {kind: os.path.join(_OUTPUT.value, f'{_NAME.value}.{kind}')
+           for kind in ('json', 'trace.json.gz', 'hlo.txt.gz')}
+  if _REREAD.value:
+    with open(paths['json']) as f:
+      results = json.load(f)
+    with gzip.open(paths['hlo.txt.gz'], 'rt') as f:
+      hlo = f.read()
+    flops = results['model_flops_per_sec'] * results['step_secs']
+    results.update(summary(paths['trace.json.gz'], hlo, results['steps'], _TOP.value, flops))
+  else:
+    results = measure(paths)
+  write_results(_OUTPUT.value, _NAME.value, results, markdown(results))
+
+
+def measure(paths: dict) -> dict:
+  """Traces --steps train steps and sums up the trace."""
   ours = Ours(import_ours(''), load_config(_VARIANT.value, _SIZE.value))
   batch = random_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
                        ours.model_config.vocab_size)
   sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
+  side = ours if _SIDE.value == 'ours' else Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
   for _ in range(2):  # compile, and a first step off the clock
-    ours.train(sharded)
+    side.train(sharded)
+  encoder_params, decoder_params = ours.parameters
+  flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
+               decoder_params * (batch['targets'] > 0).sum())
   with tempfile.TemporaryDirectory() as trace_dir:
     began = time.perf_counter()
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
       for _ in range(_STEPS.value):
-        ours.train(sharded)
+        side.train(sharded)
     step_secs = (time.perf_counter() - began) / _STEPS.value  # the tracer's overhead included
-    classes = hlo_classes(ours.p_train_step.lower(ours.state, sharded).compile().as_text())
-    seconds = {name: s / _STEPS.value
-               for name, s in thunk_seconds(trace_dir, set(classes)).items()}
+    hlo = side.train_hlo(sharded)
+    (trace,) = glob.glob(os.path.join(trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True)
+    results = summary(trace, hlo, _STEPS.value, _TOP.value, float(flops))
+    if _KEEP_TRACE.value:
+      os.makedirs(_OUTPUT.value, exist_ok=True)
+      shutil.copy(trace, paths['trace.json.gz'])
+      with gzip.open(paths['hlo.txt.gz'], 'wt') as f:
+        f.write(hlo)
+  return {
+      'shape': _SHAPE.value, 'steps': _STEPS.value, 'step_secs': step_secs,
+      'model_flops_per_sec': float(flops / step_secs),
+      'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
+      'size': _SIZE.value, 'variant': _VARIANT.value, 'side': _SIDE.value,
+      'machine': machine(), **results}
+
+
+def summary(trace: str, hlo: str, steps: int, top: int, flops: float) -> dict:
+  """The trace's operation time per step, by class and for the `top` heaviest operations."""
+  classes = hlo_classes(hlo)
+  seconds, counts = operation_seconds(trace, set(classes))
+  seconds = {name: s / steps for name, s in seconds.items()}
+  classes = {name: classes.get(name) or library_class(name) for name in seconds}
   total = sum(seconds.values())
-  by_class = collections.Counter()
+  by_class, launches = collections.Counter(), collections.Counter()
   for name, s in seconds.items():
     by_class[classes[name][0]] += s
-  encoder_params, decoder_params = ours.parameters
-  flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
-               decoder_params * (batch['targets'] > 0).sum())
-  results = {
-      'shape': _SHAPE.value, 'steps': _STEPS.value, 'step_secs': step_secs,
-      'operation_secs': total, 'model_flops_per_sec': float(flops / step_secs),
-      'matmul_model_flops_per_sec': float(flops / by_class['matmul']),
-      'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
-      'size': _SIZE.value, 'variant': _VARIANT.value,
-      'classes': {kind: {'secs': s, 'share': s / total} for kind, s in by_class.most_common()},
+    launches[classes[name][0]] += counts[name] / steps
+  return {
+      'operation_secs': total,
+      'operation_model_flops_per_sec': flops / total,
+      'matmul_model_flops_per_sec': flops / max(by_class['matmul'], 1e-9),
+      'classes': {kind: {'secs': s, 'share': s / total, 'launches': launches[kind]}
+                  for kind, s in by_class.most_common()},
       'top': [{'name': name, 'class': classes[name][0], 'op': classes[name][1], 'secs': s,
                'share': s / total}
-              for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:_TOP.value]],
-      'machine': machine()}
-  table = markdown(results)
-  write_results(_OUTPUT.value, _NAME.value, results, table)
+              for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:top]]}
 
 
 def markdown(r: dict) -> str:
   peak = r['matmul_peak_flops_per_sec']
+  rate = lambda flops: f'{flops / 1e12:.3f} TFLOP/s ({100 * flops / peak:.0f}%)'
   lines = [
-      f'Train step {r["shape"]}, {r.get("size", "multi30k")} size '
-      f'{r.get("variant") or ""}, on {machine_name(r["machine"])}: '
-      f'{r["step_secs"]:.3f} s per step under the tracer, {r["operation_secs"]:.3f} s of XLA '
-      f'operations. Model FLOP/s: {r["model_flops_per_sec"] / 1e12:.3f} TFLOP/s for the step '
-      f'({100 * r["model_flops_per_sec"] / peak:.0f}% of the {peak / 1e12:.3f} TFLOP/s matmul '
-      f'peak), {r["matmul_model_flops_per_sec"] / 1e12:.3f} TFLOP/s over matmul time alone '
-      f'({100 * r["matmul_model_flops_per_sec"] / peak:.0f}%).',
+      f'{"flax examples/wmt" if r.get("side") == "flax" else "Our"} train step {r["shape"]}, '
+      f'{r.get("size", "multi30k")} size {r.get("variant") or ""}, on '
+      f'{machine_name(r["machine"])}: '
+      f'{r["step_secs"]:.3f} s per step under the tracer, {r["operation_secs"]:.4f} s of XLA '
+      f'operations. Model FLOP/s (% of the {peak / 1e12:.1f} TFLOP/s matmul peak): '
+      f'{rate(r["model_flops_per_sec"])} for the step under the tracer, '
+      + (f'{rate(r["operation_model_flops_per_sec"])} over the operations\' time, '
+         if 'operation_model_flops_per_sec' in r else '')
+      + f'{rate(r["matmul_model_flops_per_sec"])} over matmul time alone.',
       '',
-      '| class | s per step | share |',
-      '| --- | --- | --- |']
-  lines += [f'| {kind} | {c["secs"]:.3f} | {100 * c["share"]:.0f}% |'
+      '| class | s per step | share | operations per step |',
+      '| --- | --- | --- | --- |']
+  lines += [f'| {kind} | {c["secs"]:.4f} | {100 * c["share"]:.0f}% | {c.get("launches", 0):.0f} |'
             for kind, c in r['classes'].items()]
   lines += ['', '| operation | class | made by | s per step | share |',
             '| --- | --- | --- | --- | --- |']

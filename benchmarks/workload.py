@@ -1,16 +1,25 @@
 """What the speed benchmarks time: our model at configs/multi30k.py's size or the paper's base size
-(configs/default.py), with a variant's config overrides, on random batches.
+(configs/default.py), with a variant's config overrides, and flax's examples/wmt at the same size,
+on random batches.
 
 `import_ours` can take the model and steps from another checkout, to time an earlier commit.
 """
 
+import functools
 import importlib
+import importlib.util
 import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 import types
 
+import flax
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import flags
 from flax import jax_utils
 from ml_collections import config_flags
@@ -77,6 +86,10 @@ class Ours:
     self.state, metrics = self.p_train_step(self.state, batch)
     jax.block_until_ready(metrics)
 
+  def train_hlo(self, batch) -> str:
+    """The train step's optimized HLO for `batch`."""
+    return self.p_train_step.lower(self.state, batch).compile().as_text()
+
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)
     table = params['source_embedding']['embedding']
@@ -92,3 +105,110 @@ class Ours:
 def parse_shape(text: str) -> tuple[int, int]:
   rows, length = text.split('x')
   return int(rows), int(length)
+
+
+BEAM_SIZE, ALPHA, EXTRA_LENGTH = 4, 0.6, 50  # the beam search both sides run
+FLAX_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'transformer-nmt',
+                        f'flax-{flax.__version__}-examples-wmt')
+FLAX_FILES = ('models.py', 'decode.py', 'train.py', 'bleu.py')
+
+
+def fetch_flax_examples(directory: str) -> str:
+  """examples/wmt of the installed flax version's sdist, extracted once into `directory`."""
+  if all(os.path.exists(os.path.join(directory, f)) for f in FLAX_FILES):
+    return directory
+  with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run([sys.executable, '-m', 'pip', 'download', f'flax=={flax.__version__}',
+                    '--no-deps', '--no-binary', ':all:', '--quiet', '-d', tmp], check=True)
+    (sdist,) = [f for f in os.listdir(tmp) if f.endswith('.tar.gz')]
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(directory)))
+    with tarfile.open(os.path.join(tmp, sdist)) as archive:
+      for member in archive.getmembers():
+        if os.path.basename(member.name) in FLAX_FILES and '/examples/wmt/' in member.name:
+          with archive.extractfile(member) as src, open(
+              os.path.join(staging, os.path.basename(member.name)), 'wb') as dst:
+            dst.write(src.read())
+    os.replace(staging, directory)
+  return directory
+
+
+def import_flax_wmt(directory: str):
+  """(models, decode, train) modules of flax examples/wmt, tensorflow and clu stubbed."""
+  importlib.import_module('flax.training.checkpoints')  # decides on tensorflow before the stub
+  # Its tf.data input pipeline is not timed, so it is stubbed with the modules it needs.
+  for name in ('tensorflow', 'clu', 'clu.metric_writers', 'clu.periodic_actions',
+               'input_pipeline'):
+    sys.modules.setdefault(name, types.ModuleType(name))
+  sys.modules['tensorflow'].data = types.SimpleNamespace(Dataset=object)  # in annotations
+  modules = {}
+  sys.path.insert(0, directory)
+  try:
+    # train.py imports its siblings by their bare names; load it under a name of its own.
+    for name in ('models', 'decode'):
+      modules[name] = importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location('flax_wmt_train',
+                                                  os.path.join(directory, 'train.py'))
+    modules['train'] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(modules['train'])
+  finally:
+    sys.path.remove(directory)
+  return modules['models'], modules['decode'], modules['train']
+
+
+class Flax:
+  """flax examples/wmt at the same size, run as its train.py runs it."""
+
+  def __init__(self, directory: str, ours: Ours):
+    self.models, self.decode, self.train_module = import_flax_wmt(directory)
+    m = ours.model_config
+    self.model_config = self.models.TransformerConfig(
+        vocab_size=m.vocab_size, output_vocab_size=m.vocab_size, share_embeddings=True,
+        logits_via_embedding=True, dtype=m.dtype, emb_dim=m.d_model, num_heads=m.num_heads,
+        num_layers=m.num_encoder_layers, qkv_dim=m.d_model, mlp_dim=m.d_ff,
+        max_len=512, dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
+        deterministic=False, decode=False)
+    learning_rate = self.train_module.create_learning_rate_schedule(2e-3, 1000)
+    tokens = jnp.ones((1, 8), jnp.float32)
+    params = jax.jit(self.models.Transformer(self.model_config.replace(deterministic=True)).init)(
+        jax.random.key(0), tokens, tokens)['params']
+    state = self.train_module.TrainState.create(
+        apply_fn=None, params=params, tx=optax.adamw(learning_rate, b1=0.9, b2=0.98, eps=1e-9,
+                                                     weight_decay=0.0), dynamic_scale=None)
+    self.state = jax_utils.replicate(state)
+    self.p_train_step = jax.pmap(
+        functools.partial(self.train_module.train_step, config=self.model_config,
+                          learning_rate_fn=learning_rate, label_smoothing=0.1),
+        axis_name='batch', donate_argnums=(0,))
+    self.dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
+    self.predict_config = self.model_config.replace(deterministic=True, decode=True)
+
+  def train(self, batch):
+    self.state, metrics = self.p_train_step(self.state, self._batch(batch),
+                                            dropout_rng=self.dropout_rngs)
+    jax.block_until_ready(metrics)
+
+  def train_hlo(self, batch) -> str:
+    """The train step's optimized HLO for `batch`."""
+    return self.p_train_step.lower(self.state, self._batch(batch),
+                                   dropout_rng=self.dropout_rngs).compile().as_text()
+
+  @staticmethod
+  def _batch(batch):
+    return {'inputs': batch['sources'], 'targets': batch['targets']}
+
+  def beam_params(self):
+    params = jax_utils.unreplicate(self.state.params)
+    table = params['shared_embedding']['embedding']
+    return {**params, 'shared_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
+
+  @functools.partial(jax.jit, static_argnums=(0, 3))
+  def _predict(self, params, sources, max_decode_len):
+    cache = self.train_module.initialize_cache(sources, max_decode_len, self.predict_config)
+    return self.train_module.predict_step(sources, params, cache, decode.EOS_ID, max_decode_len,
+                                          self.predict_config, beam_size=BEAM_SIZE)
+
+  def beam_search(self, params, sources):
+    # Flax counts the start symbol in max_decode_len: +1 gives as many steps as ours.
+    return jax.block_until_ready(self._predict(params, sources,
+                                               sources.shape[1] + EXTRA_LENGTH + 1))

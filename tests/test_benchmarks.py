@@ -1,6 +1,7 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
 results table, the step-cost comparison's configs, rounds and ratios."""
 
+import gzip
 import json
 import types
 
@@ -10,7 +11,7 @@ import pytest
 
 from benchmarks import reproduce_multi30k, step_cost
 from benchmarks.measure import round_robin
-from benchmarks.profile_step import hlo_classes
+from benchmarks.profile_step import hlo_classes, operation_seconds
 
 
 def test_hlo_operations_are_classed_by_what_they_compute():
@@ -29,6 +30,29 @@ def test_hlo_operations_are_classed_by_what_they_compute():
   assert 'reduction' in kinds and 'layout' in kinds and 'elementwise' in kinds, executed
   (matmul,) = [name for name, kind in executed.items() if kind == 'matmul']
   assert classes[matmul][1].endswith('dot_general')  # named by its dot, not its fusion's root
+
+
+def test_gpu_kernels_are_counted_under_the_operation_that_launched_them(tmp_path):
+  # A GPU trace: kernels on the device's timeline, named like their fusion ('.' as '_') but with
+  # the CUDA graph's hlo_op; a cuBLAS kernel in the graph; one outside it, named by its hlo_op;
+  # and the host's launch of an operation, which is not counted.
+  names = {'loop_add_fusion.12', 'input_scatter_fusion', 'custom-call.3'}
+  kernel = lambda name, dur, op='command_buffer_1': {
+      'ph': 'X', 'pid': 1, 'name': name, 'dur': dur, 'args': {'hlo_op': op}}
+  events = [
+      {'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
+      {'ph': 'M', 'pid': 7, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
+      kernel('loop_add_fusion_12', 30), kernel('loop_add_fusion_12', 10),
+      kernel('input_scatter_fusion', 5), kernel('nvjet_sm90_tst_128x128', 20),
+      kernel('sm90_xmma_gemm_bf16', 8, op='custom-call.3'),
+      {'ph': 'X', 'pid': 7, 'name': 'loop_add_fusion.12', 'dur': 1000}]
+  path = tmp_path / 'trace.json.gz'
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  seconds, counts = operation_seconds(str(path), names)
+  assert seconds == pytest.approx({'loop_add_fusion.12': 40e-6, 'input_scatter_fusion': 5e-6,
+                                   'nvjet_sm90_tst_128x128': 20e-6, 'custom-call.3': 8e-6})
+  assert counts['loop_add_fusion.12'] == 2
 
 
 def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_variants():
