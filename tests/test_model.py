@@ -262,6 +262,25 @@ def test_bfloat16_models_project_to_unrounded_float32_logits(tie_output_embeddin
   assert np.abs(logits - rounded).max() > 1e-4  # not bfloat16 logits
 
 
+def test_bfloat16_models_sum_embedding_gradients_in_float32():
+  # 4096 lookups of one token: their gradient rows summed in bfloat16 drift by ~5% of the sum,
+  # while each row is rounded to bfloat16 alone (2^-9) when the sum is in float32.
+  cfg = SMALL.replace(dtype=jnp.bfloat16, num_encoder_layers=0, num_decoder_layers=0)
+  sources = jnp.full((8, 512), 5, jnp.int32)
+  model = Transformer(cfg)
+  params = init(cfg, sources[:1, :2], sources[:1, :2])['params']
+  weights = jax.random.normal(jax.random.key(1), (*sources.shape, cfg.d_model))
+
+  def weighted_sum(params):  # d/d(row 5) = sqrt(d_model) * the sum of the weights
+    encoded = model.apply({'params': params}, sources, method=Transformer.encode)
+    return (encoded.astype(jnp.float32) * weights).sum()
+
+  grad = jax.grad(weighted_sum)(params)['source_embedding']['embedding']
+  want = np.sqrt(cfg.d_model) * np.asarray(weights, np.float64).sum((0, 1))
+  assert grad.dtype == jnp.float32
+  assert np.linalg.norm(grad[5] - want) / np.linalg.norm(want) < 0.01
+
+
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])
 def test_training_on_a_copy_task_lowers_the_loss(layer_norm):
   cfg = SMALL.replace(layer_norm=layer_norm, dropout_rate=0.1, deterministic=False)

@@ -222,7 +222,7 @@ class Embedder(nn.Module):
   @nn.compact
   def __call__(self, tokens: Array, positions: Array) -> Array:
     cfg = self.config
-    x = self.token_embedding(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+    x = self.token_embedding(tokens).astype(cfg.dtype) * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
     if cfg.positional_encoding == 'learned':
       table = self.param('position_embedding', nn.initializers.normal(cfg.d_model**-0.5),
                          (cfg.max_positions, cfg.d_model), cfg.param_dtype)
@@ -304,8 +304,11 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
+    # Rows are looked up in the tables' own dtype and cast after (Embedder): the lookup's gradient,
+    # a scatter-add of every token's row, then sums in float32: in bfloat16 it would round at each
+    # of thousands of additions per frequent token, and GPUs add bfloat16 this way slowly.
     embed = functools.partial(
-        nn.Embed, cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        nn.Embed, cfg.vocab_size, cfg.d_model, dtype=cfg.param_dtype, param_dtype=cfg.param_dtype)
     token_init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
     self.source_embedding = embed(embedding_init=token_init)
     target_embedding = self.source_embedding
