@@ -28,7 +28,10 @@ def token_sums(logits, targets, label_smoothing: float) -> dict:
   """
   weights = (targets > 0).astype(jnp.float32)
   log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  # A compare-select: its gradient is elementwise and fuses with the softmax's, where
+  # take_along_axis's is a scatter into a [tokens, vocab] buffer, one more pass over the logits.
+  vocab_ids = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
+  target_logits = jnp.where(vocab_ids == targets[..., None], logits, 0.0).sum(axis=-1)
   nll = log_normalizer - target_logits
   smoothing = log_normalizer - logits.mean(axis=-1)
   loss = (1.0 - label_smoothing) * nll + label_smoothing * smoothing
