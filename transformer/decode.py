@@ -62,7 +62,7 @@ class _Decoder:
     def gather(path, x):
       if x.ndim == 0 or any(getattr(k, 'key', None) == 'cross_attention' for k in path):
         return x
-      return jnp.take(x, rows, axis=0)
+      return jnp.take(x, rows, axis=0, mode='clip')  # in bounds: no fill mask to apply
     return jax.tree_util.tree_map_with_path(gather, cache)
 
   resize = staticmethod(resize_cache)
