@@ -1,0 +1,36 @@
+"""pyproject.toml: the jax pins admit the releases users run, and the accelerator extras resolve
+jax's plugins within the same pin."""
+
+import pathlib
+
+import jax
+import pytest
+from packaging.requirements import Requirement
+
+tomllib = pytest.importorskip('tomllib', reason='tomllib comes with Python 3.11+')
+
+PROJECT = tomllib.loads(
+    (pathlib.Path(__file__).parent.parent / 'pyproject.toml').read_text())['project']
+
+
+def requirement(name: str, lines: list[str]) -> Requirement:
+  (found,) = [r for r in map(Requirement, lines) if r.name == name]
+  return found
+
+
+def test_pins_admit_the_installed_jax_and_an_accelerator_image():
+  jax_pin = requirement('jax', PROJECT['dependencies']).specifier
+  flax_pin = requirement('flax', PROJECT['dependencies']).specifier
+  assert jax.__version__ in jax_pin
+  # A GPU image's jax 0.11.2 and flax 0.12.10 run this code (benchmarks/results/gpu_speed_h100.md).
+  assert '0.11.2' in jax_pin and '0.12.10' in flax_pin
+
+
+@pytest.mark.parametrize('extra', ['cuda12', 'cuda13', 'tpu'])
+def test_accelerator_extras_resolve_jax_within_the_core_pin(extra):
+  core = requirement('jax', PROJECT['dependencies']).specifier
+  (line,) = PROJECT['optional-dependencies'][extra]
+  pin = Requirement(line)
+  assert pin.name == 'jax' and pin.extras == {extra}
+  upper = lambda specifier: {s.version for s in specifier if s.operator == '<'}
+  assert upper(pin.specifier) == upper(core), 'a newer jax than the core pin admits'
