@@ -82,6 +82,10 @@ def get_config():
   config.checkpoint_every_secs = 600  # section 6.1: checkpoints written at 10-minute intervals
   config.keep_checkpoints = 5
   config.average_last = 5  # section 6.1: base models average the last 5 checkpoints
+  # Several hosts agree on a SIGTERM (and a due timed checkpoint) every this many steps and at
+  # each log, evaluation and checkpoint step, not every step: each agreement waits for the
+  # device. One host checks every step.
+  config.preemption_check_every_steps = 10
 
   # Decoding (section 6.1): beam 4, length penalty alpha 0.6, max output = input length + 50.
   config.beam_size = 4

@@ -132,23 +132,30 @@ def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_p
   assert restore(workdir, 51)[1]['data_shards'] == 2
 
 
-def test_sigterm_saves_the_current_step_and_exits_cleanly(tmp_path):
+def test_sigterm_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path):
+  # A BLEU evaluation at step 30, one sentence per beam-search call: long enough to be cut.
   workdir = str(tmp_path)
   process = subprocess.Popen(
-      train_command(workdir, '--config.num_train_steps=100000', '--config.eval_every_steps=0',
-                    '--config.checkpoint_every_steps=0'),
-      cwd=ROOT, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  metrics = os.path.join(workdir, 'metrics.jsonl')
-  deadline = time.time() + 300
-  while not os.path.exists(metrics) and time.time() < deadline and process.poll() is None:
-    time.sleep(0.2)
+      train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
+      cwd=ROOT, env=_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  seen = []
+  for line in process.stderr:  # until the evaluation starts
+    seen.append(line)
+    if 'translating validation' in line:
+      break
   process.send_signal(signal.SIGTERM)
-  _, stderr = process.communicate(timeout=300)
+  signalled = time.time()
+  stderr = ''.join(seen) + process.communicate(timeout=300)[1]
   assert process.returncode == 0, stderr[-3000:]
-  line = next(l for l in stderr.splitlines() if 'SIGTERM: saved a checkpoint at step' in l)
-  step = int(line.split('at step ')[1].split(';')[0])
-  assert step >= 20 and Checkpoints(workdir).all_steps() == [step]
-  assert restore(workdir, step)[1]['step'] == step
+  assert time.time() - signalled < 10  # a checkpoint, not the evaluation, before the exit
+  assert 'validation BLEU at step 30: translation stopped after' in stderr
+  assert 'SIGTERM: saved a checkpoint at step 30; stopping' in stderr
+  assert Checkpoints(workdir).all_steps() == [30]
+  assert not [r for r in read_metrics(workdir) if 'sacrebleu' in r]
+
+  result = run_train(workdir, '--config.bleu_every_steps=0')
+  assert 'resumed from step 30' in result.stderr
+  assert max_difference(restore(workdir, 100)[0], restore(full_run, 100)[0]) == 0.0
 
 
 @pytest.mark.slow

@@ -153,6 +153,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ('log_every_steps', 'eval_every_steps', 'bleu_every_steps',
               'checkpoint_every_steps', 'checkpoint_every_secs'):
     _check_int(config, key, 0)
+  _check_int(config, 'preemption_check_every_steps', 1)
   keep = _check_int(config, 'keep_checkpoints', 1)
   average_last = _check_int(config, 'average_last', 1)
   if average_last > keep:
@@ -213,7 +214,8 @@ def use_compilation_cache(config: ml_collections.ConfigDict):
 
 # Keys added after the first runs, each with the value that keeps the behaviour from before it: a
 # config.json written before them reads as if it held these.
-ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': ''}
+ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
+              'preemption_check_every_steps': 10}
 
 
 def with_added_keys(stored: dict) -> dict:

@@ -145,21 +145,26 @@ class _Evaluator:
                  values['loss'], values['nll'], values['perplexity'], 100 * values['accuracy'])
     self.writer.write(step, values, split=split)
 
-  def bleu(self, params, step: int, split: str, checkpoint_steps: list[int] | None = None):
+  def bleu(self, params, step: int, split: str, checkpoint_steps: list[int] | None = None,
+           stop=None) -> bool:
     """Translates `split`; logs both BLEUs and a few examples (and which checkpoints were
-    averaged into `params`, if given)."""
+    averaged into `params`, if given). False if `stop` (see `Translator.translate`) cut it short."""
     if split not in self.texts:
       try:
         self.texts[split] = data.split_texts(self.config, split)
       except data.DataError as error:
         logging.warning('no BLEU on %s: %s', split, error)
-        return
+        return True
     sources, references = self.texts[split]
+    logging.info('translating %s (%d sentences) at step %d', split, len(sources), step)
     try:
-      hypotheses = self.translator.translate(params, sources)
+      hypotheses = self.translator.translate(params, sources, stop=stop)
     except data.DataError as error:  # a sentence too long for learned positions
       logging.warning('no BLEU on %s: %s', split, error)
-      return
+      return True
+    except translate.Interrupted as error:
+      logging.info('%s BLEU at step %d: %s', split, step, error)
+      return False
     language = self.config.target_lang
     values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, language)[0],
               'bleu_paper': bleu.paper_bleu(hypotheses, references, language)}
@@ -172,6 +177,7 @@ class _Evaluator:
       logging.info('  source:      %s\n  reference:   %s\n  translation: %s', source, reference,
                    hypothesis)
     self.writer.write(step, values, split=split)
+    return True
 
 
 class _TrainLog:
@@ -230,14 +236,17 @@ def _every(step: int, interval: int) -> bool:
   return interval > 0 and step % interval == 0
 
 
-def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator):
+def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator, stop):
   """Both BLEUs on validation and test with the mean of the last config.average_last
-  checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper)."""
+  checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper); a
+  SIGTERM (`stop`) ends them, the checkpoints being written."""
   checkpoints.wait()
   params, steps = checkpoints.mean_params(config.average_last, state_shapes(config))
   params = jax_utils.replicate(params)
   for split in ('validation', 'test'):
-    evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps)
+    if not evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps,
+                          stop=stop):
+      return
 
 
 def train(config: ml_collections.ConfigDict, workdir: str):
@@ -268,26 +277,32 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   evaluator = _Evaluator(config, vocab, steps, shard, writer)
   log = _TrainLog(config, parameters_per_token, checkpoints, writer)
   preemption, last_save = _Preemption(), time.time()
+  stop = lambda: _agree(preemption.received)[0]  # for long evaluations
+  scheduled = (config.log_every_steps, config.eval_every_steps, config.bleu_every_steps,
+               config.checkpoint_every_steps)
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, batches)
       log.add(step_metrics)
-      secs_due = (config.checkpoint_every_secs > 0 and
-                  time.time() - last_save >= config.checkpoint_every_secs)
-      preempted, secs_due = _agree(preemption.received, secs_due)
       last = step == config.num_train_steps
-      save_now = last or preempted or secs_due or _every(step, config.checkpoint_every_steps)
+      preempted = secs_due = False
+      # Agreeing waits for this step on every host: several hosts do it only now and then.
+      if (jax.process_count() == 1 or last or any(_every(step, n) for n in scheduled) or
+          _every(step, config.preemption_check_every_steps)):
+        secs_due = (config.checkpoint_every_secs > 0 and
+                    time.time() - last_save >= config.checkpoint_every_secs)
+        preempted, secs_due = _agree(preemption.received, secs_due)
       if last or _every(step, config.log_every_steps):
         log.write(step)
-      elif save_now:
-        log.check_finite(step)  # nothing non-finite may reach a checkpoint
-      if _every(step, config.eval_every_steps):
+      # Preempted: save first, evaluate never (Cloud TPU kills ~30 s after the SIGTERM).
+      if not preempted and _every(step, config.eval_every_steps):
         evaluator.loss(state.params, step, 'validation')
         log.restart_clock()
-      if _every(step, config.bleu_every_steps):
-        evaluator.bleu(state.params, step, 'validation')
+      if not preempted and _every(step, config.bleu_every_steps):
+        preempted = not evaluator.bleu(state.params, step, 'validation', stop=stop)
         log.restart_clock()
-      if save_now:
+      if last or preempted or secs_due or _every(step, config.checkpoint_every_steps):
+        log.check_finite(step)  # nothing non-finite may reach a checkpoint
         checkpoints.save(step, local_copy({'params': state.params, 'opt_state': state.opt_state}),
                          {'step': step, 'data_position': batches.position,
                           'data_shards': jax.device_count()})
@@ -298,7 +313,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         break
     else:
       if start_step < config.num_train_steps:
-        _final_bleu(config, checkpoints, evaluator)
+        _final_bleu(config, checkpoints, evaluator, stop)
   finally:
     preemption.restore()
     checkpoints.wait()

@@ -74,6 +74,10 @@ class Progress:
       self.bar.close()
 
 
+class Interrupted(Exception):
+  """A translation stopped before its end because its `stop` callback asked for it."""
+
+
 class Translator:
   """Beam search over all local devices, sentences grouped by length; outputs in input order."""
 
@@ -105,35 +109,59 @@ class Translator:
       self.compile_secs += time.time() - began
     return self._compiled[rows, length]
 
-  def translate(self, params, sentences: list[str], progress: bool = False) -> list[str]:
-    """Translations of `sentences` with `params` replicated over the local devices; `progress`
-    shows sentences done, their rate and the time left."""
-    return [self.vocab.decode(ids) for ids in self.search(params, sentences, progress)]
+  def translate(self, params, sentences: list[str], progress: bool = False,
+                stop=None) -> list[str]:
+    """Translations of `sentences`.
 
-  def search(self, params, sentences: list[str], progress: bool = False) -> list[np.ndarray]:
-    """The beam search's best output ids of each sentence (EOS, then padding, end them)."""
+    Args:
+      params: the model's parameters, replicated over the local devices.
+      sentences: raw source sentences.
+      progress: show sentences done, their rate and the time left.
+      stop: called before each beam-search call (and each compilation); when it returns True,
+        the translation ends with `Interrupted` (a preempted run saves first).
+
+    Returns:
+      One translation per sentence, in input order.
+    """
+    return [self.vocab.decode(ids) for ids in self.search(params, sentences, progress, stop)]
+
+  def search(self, params, sentences: list[str], progress: bool = False,
+             stop=None) -> list[np.ndarray]:
+    """The beam search's best output ids of each sentence (EOS, then padding, end them); the
+    arguments are `translate`'s."""
     encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
     self._check_lengths(encoded)
     outputs_of = [None] * len(sentences)
     calls = decode_batches([len(ids) for ids in encoded], self.tokens_per_device, self.devices)
+
+    def check_stop():
+      if stop is not None and stop():
+        raise Interrupted(f'translation stopped after {sum(o is not None for o in outputs_of)} '
+                          f'of {len(sentences)} sentences')
+
     for _, rows, length in calls:  # before the clock of the progress display starts
+      check_stop()
       self._search_for(params, rows, length)
     shown = Progress(len(sentences)) if progress else None
-    for indices, rows, length in calls:
-      # A short last call is filled with copies of its longest sentence, which finish with it.
-      filled = np.concatenate([indices, np.full(rows * self.devices - len(indices), indices[-1])])
-      batch = np.zeros((len(filled), length), np.int32)
-      for row, i in enumerate(filled):
-        batch[row, :len(encoded[i])] = encoded[i]
-      outputs = np.asarray(self._search_for(params, rows, length)(
-          params, batch.reshape(self.devices, rows, length)))
-      outputs = outputs.reshape(-1, outputs.shape[-1])
-      for row, i in enumerate(indices):
-        outputs_of[i] = outputs[row]
+    try:
+      for indices, rows, length in calls:
+        check_stop()
+        # A short last call is filled with copies of its longest sentence, which finish with it.
+        filled = np.concatenate([indices,
+                                 np.full(rows * self.devices - len(indices), indices[-1])])
+        batch = np.zeros((len(filled), length), np.int32)
+        for row, i in enumerate(filled):
+          batch[row, :len(encoded[i])] = encoded[i]
+        outputs = np.asarray(self._search_for(params, rows, length)(
+            params, batch.reshape(self.devices, rows, length)))
+        outputs = outputs.reshape(-1, outputs.shape[-1])
+        for row, i in enumerate(indices):
+          outputs_of[i] = outputs[row]
+        if shown:
+          shown.update(len(indices))
+    finally:
       if shown:
-        shown.update(len(indices))
-    if shown:
-      shown.close()
+        shown.close()
     return outputs_of
 
   def _check_lengths(self, encoded: list[list[int]]):
