@@ -34,16 +34,6 @@ class EvalError(ValueError):
   """Bad evaluation input; the message names the file or flag."""
 
 
-def read_lines(path: str) -> list[str]:
-  try:
-    with open(path, encoding='utf-8') as f:
-      return [line.rstrip('\n') for line in f]
-  except FileNotFoundError:
-    raise EvalError(f'{path} not found') from None
-  except UnicodeDecodeError as error:
-    raise EvalError(f'{path} is not UTF-8 ({error})') from None
-
-
 def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   """(sources, references, what they are) from the flags."""
   if (_SOURCE_FILE.value is None) != (_REFERENCE_FILE.value is None):
@@ -51,7 +41,8 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   if _SOURCE_FILE.value is None:
     sources, references = data.split_texts(config, _SPLIT.value)
     return sources, references, f'{config.dataset} {_SPLIT.value}'
-  sources, references = read_lines(_SOURCE_FILE.value), read_lines(_REFERENCE_FILE.value)
+  sources = data.read_lines(_SOURCE_FILE.value)
+  references = data.read_lines(_REFERENCE_FILE.value)
   if len(sources) != len(references):
     raise EvalError(f'{_SOURCE_FILE.value} has {len(sources)} lines but {_REFERENCE_FILE.value} '
                     f'has {len(references)}: they must be aligned line by line')
@@ -62,9 +53,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
+    # The texts first: a bad input file fails before the model is loaded.
+    sources, references, name = evaluation_texts(config_lib.load_workdir_config(_WORKDIR.value))
     translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
                                                        _BEAM_SIZE.value, _ALPHA.value)
-    sources, references, name = evaluation_texts(config)
     began = time.time()
     hypotheses = translator.translate(params, sources, progress=True)
     seconds = time.time() - began

@@ -37,11 +37,13 @@ def multi30k_dir() -> str:
   return path
 
 
-def run_script(*args, stdin=None) -> subprocess.CompletedProcess:
-  """`python ARGS` in the repository root, on two simulated devices."""
+def run_script(*args, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+  """`python ARGS` in the repository root, on two simulated devices; its output as text."""
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, input=stdin,
-                        capture_output=True, text=True, timeout=600)
+  result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          input=stdin.encode() if isinstance(stdin, str) else stdin, timeout=600)
+  return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
+                                     result.stderr.decode())
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

@@ -152,6 +152,22 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   assert not (tmp_path / 'scores.json').exists()
 
 
+def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
+  bad, good = tmp_path / 'bad.txt', tmp_path / 'good.txt'
+  bad.write_bytes(b'A man.\n\xff\xfe dog\n')
+  good.write_text('Ein Mann.\nEin Hund.\n', encoding='utf-8')
+  why = 'invalid UTF-8 (invalid start byte at byte 0); re-encode the text as UTF-8'
+  translate_command = ('-m', 'transformer.translate', f'--workdir={workdir}')
+  assert error_line(run_script(*translate_command, stdin=bad.read_bytes())) == (
+      f'translate: <stdin>:2: {why}')
+  assert error_line(run_script(*translate_command, f'--input={bad}')) == (
+      f'translate: {bad}:2: {why}')
+  for source, reference in ((bad, good), (good, bad)):
+    assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
+                                 f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
+        f'eval.py: {bad}:2: {why}')
+
+
 def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path):
   damaged = tmp_path / 'damaged'
   shutil.copytree(workdir, damaged)

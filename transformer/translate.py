@@ -202,13 +202,13 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
 def main(argv):
   del argv
   try:
+    config_lib.load_workdir_config(FLAGS.workdir)  # a wrong --workdir fails before stdin is read
+    # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
+    sentences = (data.read_lines(FLAGS.input) if FLAGS.input else
+                 data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
     translator, params, _, steps = load(FLAGS.workdir, FLAGS.average_last, FLAGS.beam_size,
                                         FLAGS.alpha)
-    source = open(FLAGS.input, encoding='utf-8') if FLAGS.input else sys.stdin
-    with source:
-      sentences = [line.rstrip('\n') for line in source]
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, OSError,
-          UnicodeDecodeError) as error:
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, OSError) as error:
     sys.exit(f'translate: {error}')
   began = time.time()
   try:

@@ -12,13 +12,16 @@ sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arr
   next(batches); batches.position  # batches yielded so far: restart from it with start_position
   for batch in eval_batches(config, vocab, 'validation', ...): ...
   sources, references = split_texts(config, 'test')
+  sentences = read_lines(path)  # a UTF-8 file, gzipped or not; bad lines named in a DataError
 """
 
 from transformer.data.batching import eval_batches, train_batches
 from transformer.data.errors import DataError
 from transformer.data.sources import split_texts
+from transformer.data.text_files import decode_lines, read_lines
 from transformer.data.vocabulary import (EOS_ID, PAD_ID, UNK_ID, Vocabulary,
                                          load_or_train_vocabulary, load_vocabulary)
 
-__all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'eval_batches',
-           'load_or_train_vocabulary', 'load_vocabulary', 'split_texts', 'train_batches']
+__all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'decode_lines',
+           'eval_batches', 'load_or_train_vocabulary', 'load_vocabulary', 'read_lines',
+           'split_texts', 'train_batches']

@@ -8,28 +8,42 @@ from transformer.data.errors import DataError
 _GZIP_MAGIC = b'\x1f\x8b'
 
 
-def _read_lines(path: str) -> list[str]:
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file, gzipped or not, without their line ends.
+
+  Raises:
+    DataError: the file is missing, or a line is not UTF-8 (naming the file and line).
+  """
   if not os.path.isfile(path):
     raise DataError(f'{path}: no such file; check the path (one sentence per line, optional .gz)')
   with open(path, 'rb') as f:
     gzipped = f.read(2) == _GZIP_MAGIC  # by content: downloaded copies lose the .gz suffix
   with (gzip.open if gzipped else open)(path, 'rb') as f:
-    raw = f.read().split(b'\n')
-  if raw and not raw[-1]:
-    raw.pop()  # the final newline ends the last line
-  lines = []
-  for number, line in enumerate(raw, 1):
+    return decode_lines(f.read(), path)
+
+
+def decode_lines(raw: bytes, name: str) -> list[str]:
+  """The lines of UTF-8 `raw` text read from `name` (a file, or '<stdin>').
+
+  Raises:
+    DataError: a line is not UTF-8; the message names `name`, the line and the fix.
+  """
+  lines = raw.split(b'\n')
+  if lines and not lines[-1]:
+    lines.pop()  # the final newline ends the last line
+  decoded = []
+  for number, line in enumerate(lines, 1):
     try:
-      lines.append(line.decode('utf-8').rstrip('\r'))
+      decoded.append(line.decode('utf-8').rstrip('\r'))
     except UnicodeDecodeError as error:
-      raise DataError(f'{path}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}); '
-                      're-encode the file as UTF-8') from None
-  return lines
+      raise DataError(f'{name}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}); '
+                      're-encode the text as UTF-8') from None
+  return decoded
 
 
 def read_parallel(source_path: str, target_path: str) -> tuple[list[str], list[str]]:
   """Aligned lines of two files. Both sides empty: kept (dropped later); one side empty: error."""
-  sources, targets = _read_lines(source_path), _read_lines(target_path)
+  sources, targets = read_lines(source_path), read_lines(target_path)
   if len(sources) != len(targets):
     raise DataError(f'{source_path} has {len(sources)} lines but {target_path} has '
                     f'{len(targets)}: the files must be line-aligned translations')
