@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -12,10 +13,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from tensorboardX.proto import event_pb2
 
 from configs import tiny
 from transformer import config as config_lib
-from transformer import train_step
+from transformer import data, train_step
 from transformer.checkpoints import Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,6 +97,39 @@ def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full
   assert eval_rows[-1]['loss'] < eval_rows[0]['loss'] - 0.3
   assert Checkpoints(full_run).all_steps() == [50, 100]
   assert os.listdir(os.path.join(full_run, 'tensorboard'))
+
+
+def tensorboard_texts(workdir) -> dict[tuple[str, int], str]:
+  """{(tag, step): text} of the text summaries in a run's TensorBoard event files."""
+  texts = {}
+  for name in os.listdir(os.path.join(workdir, 'tensorboard')):
+    with open(os.path.join(workdir, 'tensorboard', name), 'rb') as f:
+      content = f.read()
+    offset = 0
+    while offset < len(content):  # TFRecords: length, its CRC, the Event, the Event's CRC
+      (length,) = struct.unpack('<Q', content[offset:offset + 8])
+      event = event_pb2.Event.FromString(content[offset + 12:offset + 12 + length])
+      offset += 16 + length
+      for value in event.summary.value:
+        if value.tensor.string_val:
+          texts[value.tag.split('/text_summary')[0], event.step] = (
+              value.tensor.string_val[0].decode())
+  return texts
+
+
+def test_tensorboard_shows_the_config_and_sample_translations(full_run):
+  texts = tensorboard_texts(full_run)
+  config = json.loads('\n'.join(line[4:] for line in texts['config', 0].splitlines()))
+  assert config == json.loads(tiny.get_config().to_json())
+  hypotheses = {}
+  for split in ('validation', 'test'):
+    table = texts[f'{split}/translations', 100].splitlines()
+    assert table[0] == '| source | reference | translation |' and len(table) == 2 + 8
+    hypotheses[split] = [row.split(' | ')[2] for row in table[2:]]
+  sources, references = data.split_texts(tiny.get_config(), 'test')
+  assert [row.split(' | ')[:2] for row in texts['test/translations', 100].splitlines()[2:]] == [
+      [f'| {s}', r] for s, r in zip(sources[:8], references[:8])]
+  assert all(all(split_hypotheses) for split_hypotheses in hypotheses.values())
 
 
 @pytest.mark.slow

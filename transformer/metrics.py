@@ -50,6 +50,12 @@ class MetricsWriter:
         self.tensorboard.add_scalar(prefix + key, value, step)
     self.tensorboard.flush()
 
+  def write_text(self, step: int, tag: str, markdown: str):
+    """Text for TensorBoard's Text tab (rendered as markdown), under `tag` at `step`."""
+    if self.enabled:
+      self.tensorboard.add_text(tag, markdown, step)
+      self.tensorboard.flush()
+
   def close(self):
     if self.enabled:
       self.tensorboard.close()

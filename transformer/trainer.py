@@ -33,6 +33,9 @@ DATA_ORDER_KEYS = ('seed', 'packing', 'tokens_per_batch', 'grad_accum_steps', 'm
                    'manual_dir', 'train_files', 'vocab_sample_size')
 
 
+SAMPLES = 8  # translations shown in TensorBoard at each BLEU evaluation
+
+
 class TrainingError(RuntimeError):
   """Training cannot go on; the message says at which step and why."""
 
@@ -173,11 +176,20 @@ class _Evaluator:
                  values['sacrebleu'], values['bleu_paper'], len(sources))
     if checkpoint_steps:
       values['checkpoint_steps'] = checkpoint_steps
-    for source, reference, hypothesis in list(zip(sources, references, hypotheses))[:3]:
+    samples = list(zip(sources, references, hypotheses))[:SAMPLES]
+    for source, reference, hypothesis in samples[:3]:
       logging.info('  source:      %s\n  reference:   %s\n  translation: %s', source, reference,
                    hypothesis)
     self.writer.write(step, values, split=split)
+    self.writer.write_text(step, f'{split}/translations', samples_table(samples))
     return True
+
+
+def samples_table(samples: list[tuple[str, str, str]]) -> str:
+  """A markdown table of (source, reference, translation) rows, '|' escaped."""
+  cell = lambda text: text.replace('\\', '\\\\').replace('|', '\\|')
+  return '\n'.join(['| source | reference | translation |', '| --- | --- | --- |'] +
+                   [f'| {cell(s)} | {cell(r)} | {cell(h)} |' for s, r, h in samples])
 
 
 class _TrainLog:
@@ -274,6 +286,9 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   batches = data.train_batches(config, vocab, start_position=data_position, **shard)
   optimizer_step = _optimizer_step(steps, config.grad_accum_steps)
   writer = metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+  # Indented four spaces: a code block in the Text tab's markdown.
+  writer.write_text(start_step, 'config',
+                    '    ' + config.to_json(indent=2).replace('\n', '\n    '))
   evaluator = _Evaluator(config, vocab, steps, shard, writer)
   log = _TrainLog(config, parameters_per_token, checkpoints, writer)
   preemption, last_save = _Preemption(), time.time()
