@@ -44,6 +44,49 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   assert outputs[LENGTH_STEP] == outputs[4096]
 
 
+def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path, monkeypatch):
+  # Two hosts played one after the other in this process: each sees 1 of 2 devices; the
+  # all-gather is played back from what the first round of both hosts left.
+  config = config_lib.validate(tiny.get_config())
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+  params = jax_utils.replicate(
+      train_step.initial_state(config, config_lib.model_config(config)).params)
+  sentences = data.split_texts(config, 'validation')[0][:37]
+  translator = translate.Translator(config, vocab, beam_size=3, alpha=0.6)
+  translator.tokens_per_device = 4 * LENGTH_STEP
+  alone = translator.search(params, sentences)
+  translated, gathered = {}, {}
+
+  def search_as(host, everyone=None):
+    monkeypatch.setattr(translate.jax, 'process_count', lambda: 2)
+    monkeypatch.setattr(translate.jax, 'process_index', lambda: host)
+    monkeypatch.setattr(translate.multihost_utils, 'process_allgather',
+                        lambda local: gathered.setdefault(host, local) if everyone is None
+                        else everyone)
+    searched = translator._search_for
+    monkeypatch.setattr(translator, '_search_for', lambda p, rows, length: lambda p, batch: (
+        translated.setdefault(host, []).append(batch) or searched(p, rows, length)(p, batch)))
+    try:
+      return translator.search(params, sentences)
+    finally:
+      monkeypatch.undo()
+
+  for host in (0, 1):
+    search_as(host)
+  both = np.stack([gathered[0], gathered[1]])
+  outputs = [search_as(host, both) for host in (0, 1)]
+  # Each call of the plan over both hosts' devices ran on both, each host's part on its own.
+  lengths = [len(ids) + 1 for ids in vocab.encode_batch(sentences)]
+  calls = decode_batches(lengths, translator.tokens_per_device, 2 * translator.devices)
+  assert sum(len(indices) for indices, _, _ in calls) == 37 and len(calls) > 1
+  for host in (0, 1):
+    assert [b.shape for b in translated[host]] == 2 * [
+        (translator.devices, rows, length) for _, rows, length in calls]
+  for host in (0, 1):
+    for got, want in zip(outputs[host], alone):
+      np.testing.assert_array_equal(np.trim_zeros(got, 'b'), np.trim_zeros(want, 'b'))
+
+
 def test_sources_too_long_for_learned_positions_get_one_clear_error(tmp_path):
   config = tiny.get_config()
   config.model.update(positional_encoding='learned', max_positions=24)

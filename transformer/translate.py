@@ -15,6 +15,7 @@ import numpy as np
 import tqdm
 from absl import app, flags, logging
 from flax import jax_utils
+from jax.experimental import multihost_utils
 
 from transformer import checkpoints, data, decode, metrics
 from transformer import config as config_lib
@@ -128,11 +129,19 @@ class Translator:
   def search(self, params, sentences: list[str], progress: bool = False,
              stop=None) -> list[np.ndarray]:
     """The beam search's best output ids of each sentence (EOS, then padding, end them); the
-    arguments are `translate`'s."""
+    arguments are `translate`'s.
+
+    On several hosts every host passes all the sentences and gets all the outputs back, but each
+    call is split over every host's devices: a host translates only its part of it. The hosts
+    make the same calls in the same order (the pmapped search spans them all), so `stop` must
+    agree across hosts.
+    """
     encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
     self._check_lengths(encoded)
+    hosts, host = jax.process_count(), jax.process_index()
     outputs_of = [None] * len(sentences)
-    calls = decode_batches([len(ids) for ids in encoded], self.tokens_per_device, self.devices)
+    calls = decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
+                           self.devices * hosts)
 
     def check_stop():
       if stop is not None and stop():
@@ -148,21 +157,37 @@ class Translator:
         check_stop()
         # A short last call is filled with copies of its longest sentence, which finish with it.
         filled = np.concatenate([indices,
-                                 np.full(rows * self.devices - len(indices), indices[-1])])
-        batch = np.zeros((len(filled), length), np.int32)
-        for row, i in enumerate(filled):
+                                 np.full(rows * self.devices * hosts - len(indices), indices[-1])])
+        first = host * rows * self.devices  # this host's part starts at this sentence of the call
+        mine = filled[first:first + rows * self.devices]
+        batch = np.zeros((len(mine), length), np.int32)
+        for row, i in enumerate(mine):
           batch[row, :len(encoded[i])] = encoded[i]
         outputs = np.asarray(self._search_for(params, rows, length)(
             params, batch.reshape(self.devices, rows, length)))
-        outputs = outputs.reshape(-1, outputs.shape[-1])
-        for row, i in enumerate(indices):
-          outputs_of[i] = outputs[row]
+        for i, ids in zip(indices[first:], outputs.reshape(-1, outputs.shape[-1])):
+          outputs_of[i] = ids
         if shown:
           shown.update(len(indices))
     finally:
       if shown:
         shown.close()
+    if hosts > 1 and calls:
+      outputs_of = self._gather(outputs_of, calls)
     return outputs_of
+
+  def _gather(self, outputs_of: list, calls) -> list[np.ndarray]:
+    """Every sentence's outputs, from the host that translated it (see `search`)."""
+    width = max(length for _, _, length in calls) + self.config.decode_extra_length
+    local = np.zeros((len(outputs_of), width), np.int32)
+    for i, ids in enumerate(outputs_of):
+      if ids is not None:
+        local[i, :len(ids)] = ids
+    everyone = multihost_utils.process_allgather(local)  # [hosts, sentences, width]
+    owner = np.zeros(len(outputs_of), np.int64)
+    for indices, rows, _ in calls:  # where a sentence sits in its call says whose it was
+      owner[indices] = np.arange(len(indices)) // (rows * self.devices)
+    return list(everyone[owner, np.arange(len(outputs_of))])
 
   def _check_lengths(self, encoded: list[list[int]]):
     if self.max_source_tokens is None:
