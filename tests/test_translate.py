@@ -29,13 +29,19 @@ def test_decode_batches_cover_every_sentence_once_in_one_shape_per_length(budget
   assert set(rows_of_length) <= set(-(-lengths // LENGTH_STEP) * LENGTH_STEP)
 
 
-def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
+def untrained_translator(workdir) -> tuple[translate.Translator, dict, list[str]]:
+  """A Translator of configs/tiny.py (beam 3) at its initial parameters, replicated, and 37
+  validation sentences."""
   config = config_lib.validate(tiny.get_config())
-  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+  vocab = data.load_or_train_vocabulary(config, str(workdir))
   params = jax_utils.replicate(
       train_step.initial_state(config, config_lib.model_config(config)).params)
   sentences = data.split_texts(config, 'validation')[0][:37]
-  translator = translate.Translator(config, vocab, beam_size=3, alpha=0.6)
+  return translate.Translator(config, vocab, beam_size=3, alpha=0.6), params, sentences
+
+
+def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
+  translator, params, sentences = untrained_translator(tmp_path)
   outputs = {}
   for budget in (LENGTH_STEP, 4096):  # one sentence per device and call; all in one call
     translator.tokens_per_device = budget
@@ -45,14 +51,9 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
 
 
 def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path, monkeypatch):
-  # Two hosts played one after the other in this process: each sees 1 of 2 devices; the
+  # Two hosts played one after the other in this process, each with this process's devices; the
   # all-gather is played back from what the first round of both hosts left.
-  config = config_lib.validate(tiny.get_config())
-  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
-  params = jax_utils.replicate(
-      train_step.initial_state(config, config_lib.model_config(config)).params)
-  sentences = data.split_texts(config, 'validation')[0][:37]
-  translator = translate.Translator(config, vocab, beam_size=3, alpha=0.6)
+  translator, params, sentences = untrained_translator(tmp_path)
   translator.tokens_per_device = 4 * LENGTH_STEP
   alone = translator.search(params, sentences)
   translated, gathered = {}, {}
@@ -76,7 +77,7 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
   both = np.stack([gathered[0], gathered[1]])
   outputs = [search_as(host, both) for host in (0, 1)]
   # Each call of the plan over both hosts' devices ran on both, each host's part on its own.
-  lengths = [len(ids) + 1 for ids in vocab.encode_batch(sentences)]
+  lengths = [len(ids) + 1 for ids in translator.vocab.encode_batch(sentences)]
   calls = decode_batches(lengths, translator.tokens_per_device, 2 * translator.devices)
   assert sum(len(indices) for indices, _, _ in calls) == 37 and len(calls) > 1
   for host in (0, 1):
