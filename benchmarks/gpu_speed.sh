@@ -3,7 +3,9 @@
 #
 #   bash benchmarks/gpu_speed.sh MULTI30K_DIR FLAX_WMT_DIR OUT STAGE...
 #
-# STAGE: vs_flax_base (train step at the paper's base size, bfloat16, against flax examples/wmt),
+# STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's),
+# vs_flax_base (train step at the paper's base size, bfloat16, against flax examples/wmt, with
+# cuDNN attention and, as a variant, XLA's),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016
 # twice), multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
@@ -19,6 +21,8 @@ work=/tmp/gpu_speed
 mkdir -p "$work"
 cache=$work/jax_cache
 export PYTHONUNBUFFERED=1
+# The benchmarks compile the same base-size step in several stages: compile it once.
+export JAX_COMPILATION_CACHE_DIR=$work/benchmark_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 
 run() {  # run NAME SECONDS COMMAND...: the command's output in OUT/NAME.log, its time and status
   local name=$1 limit=$2
@@ -36,10 +40,12 @@ recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data
 
 for stage in "$@"; do
   case $stage in
+    cudnn_check)
+      run cudnn_check 90 python3 -m pytest -q -p no:cacheprovider tests/test_model.py -k cudnn ;;
     vs_flax_base)
-      run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --beam_shape= --repeats=10 --flax_dir="$flax" --output="$out/results" \
-        --name=vs_flax_base_gpu ;;
+      run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+        --beam_shape= --repeats=10 --variant=model.attention_implementation=xla \
+        --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"
       run multi30k_eval_test 90 python3 eval.py --workdir="$work/recipe" --split=test \
@@ -69,6 +75,7 @@ for stage in "$@"; do
 done
 
 echo; cat "$out/summary.txt"
+tail -n 4 "$out"/cudnn_check.log 2>/dev/null
 for f in "$out"/results/*.md; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/eval_*/scores.json; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/*metrics.jsonl; do

@@ -48,6 +48,8 @@ def get_config():
       max_positions=512,  # size of the table if positional_encoding='learned'
       layer_norm='post',  # LayerNorm(x + Sublayer(x))
       layer_norm_epsilon=1e-6,  # not stated in the paper; t2t's value
+      # '' = by backend: cuDNN's fused kernel on a GPU in bfloat16 or float16, else XLA's.
+      attention_implementation='',
       dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs
       param_dtype='float32',
   ))

@@ -91,6 +91,7 @@ BAD_VALUES = [
     ('compilation_cache_dir', None, 'directory or empty'),
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
+    ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
 ]
 
 
@@ -205,6 +206,25 @@ def test_loss_chunk_and_decode_batch_default_by_backend(monkeypatch, backend):
   assert config_lib.decode_batch_tokens(config) == (1950 // devices if on_cpu else 2**17)
   config.update(loss_chunk_tokens=512, decode_batch_tokens=4096)
   assert (config_lib.loss_chunk(config), config_lib.decode_batch_tokens(config)) == (512, 4096)
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
+def test_attention_implementation_by_backend(monkeypatch, backend):
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  on_gpu = backend == 'gpu'
+  base, small = default.get_config(), multi30k.get_config()  # bfloat16, float32
+  assert config_lib.model_config(base).attention_implementation == ('cudnn' if on_gpu else 'xla')
+  assert config_lib.model_config(small).attention_implementation == 'xla'
+  base.model.attention_implementation = 'xla'
+  assert config_lib.model_config(base).attention_implementation == 'xla'
+  base.model.update(attention_implementation='', attention_dropout_rate=0.1)
+  assert config_lib.model_config(base).attention_implementation == 'xla'
+  small.model.attention_implementation = 'cudnn'
+  with pytest.raises(config_lib.ConfigError, match=r"model.attention_implementation='cudnn'.*"
+                     r"float32.*use 'xla'"):
+    config_lib.model_config(small)
+  del small.model.attention_implementation  # a config.json from before the key: by backend
+  assert config_lib.model_config(small).attention_implementation == 'xla'
 
 
 def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):

@@ -281,6 +281,38 @@ def test_bfloat16_models_sum_embedding_gradients_in_float32():
   assert np.linalg.norm(grad[5] - want) / np.linalg.norm(want) < 0.01
 
 
+@pytest.mark.skipif(jax.default_backend() != 'gpu',
+                    reason=f'cuDNN attention runs only on a GPU (backend: {jax.default_backend()})')
+def test_cudnn_attention_computes_what_xla_attention_does():
+  # A packed row (two pairs, then padding) and a padded row: the masks cuDNN gets as a bias.
+  cfg = SMALL.replace(d_model=128, num_heads=2, dtype=jnp.bfloat16, deterministic=True)
+  sources = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [3, 4, 5, 0, 0, 0, 0, 0]])
+  source_segments = jnp.array([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+  source_positions = jnp.array([[0, 1, 2, 0, 1, 2, 0, 0], [0, 1, 2, 0, 0, 0, 0, 0]])
+  targets = jnp.array([[11, 12, 13, 14, 15, 0], [7, 8, 9, 10, 0, 0]])
+  target_segments = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+  target_positions = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 0, 0]])
+  batch = (sources, targets, source_positions, source_segments, target_positions,
+           target_segments)
+  params = init(cfg, sources, targets)['params']
+  real = (targets > 0)[..., None]
+
+  def loss_and_logits(params, implementation):
+    logits = Transformer(cfg.replace(attention_implementation=implementation)).apply(
+        {'params': params}, *batch)
+    return (jax.nn.log_softmax(logits) * real).sum() / 100, logits
+
+  grad_fn = jax.jit(jax.grad(loss_and_logits, has_aux=True), static_argnums=1)
+  (xla_grads, xla_logits), (cudnn_grads, cudnn_logits) = (
+      grad_fn(params, name) for name in ('xla', 'cudnn'))
+  difference = np.abs(np.asarray(cudnn_logits - xla_logits) * np.asarray(real)).max()
+  assert difference < 0.05 * np.abs(np.asarray(xla_logits) * np.asarray(real)).max()
+  for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(xla_grads),
+                              jax.tree_util.tree_leaves(cudnn_grads)):
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    assert np.linalg.norm(got - want) <= 0.03 * np.linalg.norm(want) + 1e-6, path
+
+
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])
 def test_training_on_a_copy_task_lowers_the_loss(layer_norm):
   cfg = SMALL.replace(layer_norm=layer_norm, dropout_rate=0.1, deterministic=False)

@@ -89,7 +89,9 @@ def pictures(workdir: str, sentence: str, average_last: int | None, beam_size: i
   (row,) = translator.search(replicated, [sentence])
   source_ids = translator.vocab.encode(sentence) + [data.EOS_ID]
   target_ids = output_ids(row)
-  weights, _ = attention_weights(config_lib.model_config(config),
+  # XLA's attention, which can hand out its weights; cuDNN's fused kernel never forms them.
+  model_config = config_lib.model_config(config).replace(attention_implementation='xla')
+  weights, _ = attention_weights(model_config,
                                  jax_utils.unreplicate(replicated),
                                  np.asarray([source_ids], np.int32),
                                  np.asarray([target_ids], np.int32))

@@ -98,6 +98,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_real(config, key, 0.0, 1.0)
   _check_real(config, 'model.layer_norm_epsilon', 0.0, 1.0)
   _check_choice(config, 'model.positional_encoding', ('sinusoidal', 'learned'))
+  if 'attention_implementation' in config.model:
+    _check_choice(config, 'model.attention_implementation', ('', 'xla', 'cudnn'))
   _check_choice(config, 'model.layer_norm', ('post', 'pre'))
   _check_choice(config, 'model.dtype', tuple(DTYPES))
   _check_choice(config, 'model.param_dtype', tuple(DTYPES))
@@ -173,11 +175,35 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
-  """The model architecture of a validated experiment config."""
+  """The model architecture of a validated experiment config, on this backend."""
   model = dict(config.model)
   model['dtype'] = DTYPES[model['dtype']]
   model['param_dtype'] = DTYPES[model['param_dtype']]
+  model['attention_implementation'] = attention_implementation(config)
   return TransformerConfig(vocab_size=config.vocab_size, **model)
+
+
+def attention_implementation(config: ml_collections.ConfigDict) -> str:
+  """'xla' or 'cudnn' (see TransformerConfig); raises ConfigError where cuDNN's cannot run.
+
+  config.model.attention_implementation='' picks by backend: cuDNN's fused kernel on a GPU when
+  the model computes in bfloat16 or float16 without attention dropout, with heads of a depth that
+  cuDNN takes (a multiple of 8 up to 128), else XLA's. A config.json
+  written before the key existed reads as ''.
+  """
+  chosen = config.model.get('attention_implementation', '')
+  half = config.model.dtype in ('bfloat16', 'float16')
+  depth = config.model.d_model // config.model.num_heads
+  usable = (jax.default_backend() == 'gpu' and half and config.model.attention_dropout_rate == 0
+            and depth % 8 == 0 and depth <= 128)
+  if chosen == 'cudnn' and not usable:
+    _fail('model.attention_implementation', chosen,
+          f'cuDNN attention needs a GPU (this backend: {jax.default_backend()}), '
+          f"model.dtype bfloat16 or float16 (now {config.model.dtype!r}), "
+          f'model.attention_dropout_rate=0 (now {config.model.attention_dropout_rate}) and '
+          f'd_model / num_heads a multiple of 8 up to 128 (now {depth}); '
+          "use 'xla' or '' (by backend)")
+  return chosen or ('cudnn' if usable else 'xla')
 
 
 def loss_chunk(config: ml_collections.ConfigDict) -> int | None:

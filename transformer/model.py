@@ -38,6 +38,9 @@ class TransformerConfig:
   max_positions: int = 512  # rows of the learned position table
   layer_norm: str = 'post'  # 'post': LayerNorm(x + Sublayer(x)); 'pre': x + Sublayer(LayerNorm(x))
   layer_norm_epsilon: float = 1e-6
+  # 'xla', or 'cudnn': cuDNN's fused attention kernel (a GPU, bfloat16 or float16, no attention
+  # dropout); the decoding cache's one-position steps always run cached_attention.
+  attention_implementation: str = 'xla'
   dtype: Any = jnp.float32  # computation
   param_dtype: Any = jnp.float32  # storage
   deterministic: bool = True  # False: apply dropout (needs a 'dropout' rng)
@@ -92,6 +95,11 @@ def cached_attention(query: Array, keys: Array, values: Array, mask: Array) -> A
   return jnp.einsum('bhqk,bhkd->bqhd', weights, values)
 
 
+def _even(query: Array, key: Array) -> bool:
+  """Whether both lengths are even: cuDNN's backward pass with a mask needs them so."""
+  return query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head scaled dot-product attention (section 3.2) with a decoding cache.
 
@@ -141,7 +149,11 @@ class MultiHeadAttention(nn.Module):
           prefix = (jnp.arange(cached_key.value.shape[-1]) <= decode_index)[None, None, None, :]
           out = cached_attention(query, cached_key.value, cached_value.value, prefix)
 
-    if out is None:
+    if out is None and cfg.attention_implementation == 'cudnn' and _even(query, key):
+      # One fused kernel each way instead of XLA's matmuls, mask, softmax and transposes.
+      out = jax.nn.dot_product_attention(query, key, value, mask=mask.astype(bool),
+                                         implementation='cudnn')
+    elif out is None:
       dropout_rng = None
       if not cfg.deterministic and cfg.attention_dropout_rate > 0:
         dropout_rng = self.make_rng('dropout')
