@@ -47,7 +47,7 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   for budget in (LENGTH_STEP, 4096):  # one sentence per device and call; all in one call
     translator.tokens_per_device = budget
     outputs[budget] = translator.translate(params, sentences)
-    # Every shape of the plan compiled (several of them at once), and nothing else.
+    # Every shape of the plan compiled once, and nothing else.
     shapes = {(rows, length) for budget in outputs
               for _, rows, length in decode_batches(lengths, budget, translator.devices)}
     assert set(translator._compiled) == shapes
@@ -71,8 +71,8 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
                         lambda local: gathered.setdefault(host, local) if everyone is None
                         else everyone)
     searched = translator._search_for
-    monkeypatch.setattr(translator, '_search_for', lambda rows, length: lambda p, batch: (
-        translated.setdefault(host, []).append(batch) or searched(rows, length)(p, batch)))
+    monkeypatch.setattr(translator, '_search_for', lambda p, rows, length: lambda p, batch: (
+        translated.setdefault(host, []).append(batch) or searched(p, rows, length)(p, batch)))
     try:
       return translator.search(params, sentences)
     finally:

@@ -6,7 +6,6 @@ r"""Translation of raw sentences with a trained run, and the command for it.
 reads one sentence per line from --input (default: stdin) and writes one translation per line.
 """
 
-import concurrent.futures
 import sys
 import time
 
@@ -100,28 +99,16 @@ class Translator:
     self._compiled = {}  # (rows per device, length) -> the beam search compiled for it
     self.compile_secs = 0.0  # spent compiling so far (one host; several compile on first call)
 
-  def _compile(self, params, shapes, check_stop):
-    """Compiles the beam search for each (rows per device, length) in `shapes` not compiled yet.
-
-    Lowered one by one (Python), compiled all at once: XLA compiles outside Python's lock, so
-    several shapes take little longer than the slowest one.
-    """
+  def _search_for(self, params, rows: int, length: int):
+    """The beam search compiled for [devices, rows, length] sources, compiled on first use."""
     if jax.process_count() > 1:  # pmap's ahead-of-time executables take global arrays there
-      return
-    lowered = {}
-    began = time.time()
-    for rows, length in sorted(set(shapes) - set(self._compiled)):
-      check_stop()
+      return self._search
+    if (rows, length) not in self._compiled:
+      began = time.time()
       sources = jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
-      lowered[rows, length] = self._search.lower(params, sources)
-    if lowered:
-      with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
-        self._compiled.update(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
+      self._compiled[rows, length] = self._search.lower(params, sources).compile()
       self.compile_secs += time.time() - began
-
-  def _search_for(self, rows: int, length: int):
-    """The beam search for [devices, rows, length] sources, compiled by `_compile`."""
-    return self._search if jax.process_count() > 1 else self._compiled[rows, length]
+    return self._compiled[rows, length]
 
   def translate(self, params, sentences: list[str], progress: bool = False,
                 stop=None) -> list[str]:
@@ -161,8 +148,9 @@ class Translator:
         raise Interrupted(f'translation stopped after {sum(o is not None for o in outputs_of)} '
                           f'of {len(sentences)} sentences')
 
-    # Before the clock of the progress display starts.
-    self._compile(params, [(rows, length) for _, rows, length in calls], check_stop)
+    for _, rows, length in calls:  # before the clock of the progress display starts
+      check_stop()
+      self._search_for(params, rows, length)
     shown = Progress(len(sentences)) if progress else None
     try:
       for indices, rows, length in calls:
@@ -175,7 +163,7 @@ class Translator:
         batch = np.zeros((len(mine), length), np.int32)
         for row, i in enumerate(mine):
           batch[row, :len(encoded[i])] = encoded[i]
-        outputs = np.asarray(self._search_for(rows, length)(
+        outputs = np.asarray(self._search_for(params, rows, length)(
             params, batch.reshape(self.devices, rows, length)))
         for i, ids in zip(indices[first:], outputs.reshape(-1, outputs.shape[-1])):
           outputs_of[i] = ids
