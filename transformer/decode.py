@@ -73,6 +73,29 @@ def _gather_beams(x, beams):
   return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def top_k(x, k: int, block: int = 128):
+  """`jax.lax.top_k` over the last axis of x [rows, n]: the same values and indices, ties going
+  to the lower index.
+
+  One pass takes the maximum of each block of `block` elements; the k largest lie in the k blocks
+  of largest maximum (each block ranked before an element's own holds an element ranked before
+  it), whose elements then go through `lax.top_k`. On a CPU, lax.top_k over [64, 64000] took a
+  sixth of a beam-search step; a max over blocks vectorises.
+  """
+  rows, n = x.shape
+  blocks = -(-n // block)
+  if blocks <= 2 * k:
+    return jax.lax.top_k(x, k)
+  grouped = jnp.pad(x, ((0, 0), (0, blocks * block - n)), constant_values=-jnp.inf).reshape(
+      rows, blocks, block)
+  _, top_blocks = jax.lax.top_k(grouped.max(axis=-1), k)
+  top_blocks = jnp.sort(top_blocks, axis=-1)  # candidates in index order: ties as lax.top_k
+  candidates = jnp.take_along_axis(grouped, top_blocks[:, :, None], axis=1).reshape(rows, -1)
+  values, positions = jax.lax.top_k(candidates, k)
+  block_of = jnp.take_along_axis(top_blocks, positions // block, axis=1)
+  return values, block_of * block + positions % block
+
+
 def _allowed(log_probs, at_limit):
   """Never the pad id; at the length limit only EOS (keeping its own probability)."""
   ids = jnp.arange(log_probs.shape[-1])
@@ -141,7 +164,7 @@ def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
     vocab = log_probs.shape[-1]
     candidates = (live_log_probs[:, :, None] + log_probs).reshape(batch, -1)
     # 2 * beam candidates always leave at least `beam` that do not end with EOS.
-    top_log_probs, top_ids = jax.lax.top_k(candidates, 2 * beam_size)
+    top_log_probs, top_ids = top_k(candidates, 2 * beam_size)
     top_beams, top_tokens = top_ids // vocab, top_ids % vocab
     top_sequences = _gather_beams(live_tokens, top_beams)
     top_sequences = jax.lax.dynamic_update_index_in_dim(top_sequences, top_tokens, position, 2)
