@@ -10,10 +10,10 @@ config.average_last checkpoints in memory without writing anything.)
 
 import json
 import os
-import shutil
 import sys
 
 from absl import app, flags
+from etils import epath
 
 from transformer import checkpoints
 from transformer import config as config_lib
@@ -39,9 +39,8 @@ def main(argv):
   averaged_config['average_last'] = 1
   write_atomically(os.path.join(_OUTPUT_WORKDIR.value, 'config.json'),
                    json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
-  shutil.copytree(os.path.join(_WORKDIR.value, os.path.dirname(vocabulary.MODEL_FILE)),
-                  os.path.join(_OUTPUT_WORKDIR.value, os.path.dirname(vocabulary.MODEL_FILE)),
-                  dirs_exist_ok=True)
+  write_atomically(os.path.join(_OUTPUT_WORKDIR.value, vocabulary.MODEL_FILE),
+                   epath.Path(_WORKDIR.value, vocabulary.MODEL_FILE).read_bytes())
   print(f'averaged steps {steps} into {_OUTPUT_WORKDIR.value}')
 
 

@@ -76,7 +76,6 @@ def main(argv):
       'sentences_per_sec': len(sources) / max(seconds - translator.compile_secs, 1e-9),
       'compile_secs': translator.compile_secs,
   }
-  os.makedirs(_OUTPUT_DIR.value, exist_ok=True)
   write_atomically(os.path.join(_OUTPUT_DIR.value, 'hypotheses.txt'),
                    ''.join(h + '\n' for h in hypotheses))
   write_atomically(os.path.join(_OUTPUT_DIR.value, 'scores.json'),

@@ -92,6 +92,7 @@ BAD_VALUES = [
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
     ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
+    ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
 ]
 
 

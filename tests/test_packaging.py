@@ -29,8 +29,13 @@ def test_pins_admit_the_installed_jax_and_an_accelerator_image():
 @pytest.mark.parametrize('extra', ['cuda12', 'cuda13', 'tpu'])
 def test_accelerator_extras_resolve_jax_within_the_core_pin(extra):
   core = requirement('jax', PROJECT['dependencies']).specifier
-  (line,) = PROJECT['optional-dependencies'][extra]
-  pin = Requirement(line)
-  assert pin.name == 'jax' and pin.extras == {extra}
+  pin = requirement('jax', PROJECT['optional-dependencies'][extra])
+  assert pin.extras == {extra}
   upper = lambda specifier: {s.version for s in specifier if s.operator == '<'}
   assert upper(pin.specifier) == upper(core), 'a newer jax than the core pin admits'
+
+
+def test_buckets_come_with_the_tpu_extra_and_the_tests():
+  for extra in ('gcs', 'tpu', 'test'):
+    names = {Requirement(line).name for line in PROJECT['optional-dependencies'][extra]}
+    assert {'gcsfs', 'google-cloud-storage'} <= names, extra

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import config as config_lib
+from transformer import files
 from transformer import train_step
 
 STATE, META = 'state', 'meta'
@@ -35,7 +36,7 @@ class Checkpoints:
 
   def __init__(self, workdir: str, keep: int | None = None):
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
-    self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    self.directory = os.path.join(files.absolute(workdir), 'checkpoints')
     self.manager = ocp.CheckpointManager(
         self.directory, item_names=(STATE, META),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import flags
+from etils import epath
 
 from transformer.model import TransformerConfig
 
@@ -128,6 +129,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     value = _get(config, key)
     if not isinstance(value, str):
       _fail(key, value, 'must be a path or empty')
+    if key == 'tfds_data_dir' and '://' in value:
+      _fail(key, value, 'TFDS writes and reads its array_record files with local file calls; '
+            'give a local directory, or mount the bucket (gcsfuse) and give the mount\'s path')
     if key.endswith('_files') and value and '{lang}' not in value:
       _fail(key, value, "must contain '{lang}', replaced by source_lang and target_lang, e.g. "
             "'data/train.{lang}.gz'")
@@ -251,10 +255,9 @@ def with_added_keys(stored: dict) -> dict:
 
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   """The validated config.json that train.py wrote in `workdir`."""
-  path = os.path.join(workdir, 'config.json')
+  path = epath.Path(workdir) / 'config.json'
   try:
-    with open(path) as f:
-      config = ml_collections.ConfigDict(with_added_keys(json.load(f)))
+    config = ml_collections.ConfigDict(with_added_keys(json.loads(path.read_text())))
   except FileNotFoundError:
     raise ConfigError(f'{path} not found: --workdir must be a directory train.py wrote') from None
   except json.JSONDecodeError as error:

@@ -8,6 +8,8 @@ import time
 import numpy as np
 from tensorboardX import SummaryWriter
 
+from transformer.files import append_line
+
 
 def summarize(step_sums: list[dict]) -> dict:
   """Token-weighted averages over steps: loss, nll, perplexity, accuracy (and tokens)."""
@@ -42,8 +44,7 @@ class MetricsWriter:
       return
     # 'time' (seconds since the epoch) puts the curves against wall-clock time (transformer.plots).
     row = {'step': step, **({'split': split} if split else {}), 'time': time.time(), **values}
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
+    append_line(self.path, json.dumps(row))
     prefix = f'{split}/' if split else 'train/'
     for key, value in values.items():
       if isinstance(value, (int, float)):

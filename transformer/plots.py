@@ -16,6 +16,7 @@ import os
 import sys
 
 from absl import app, flags
+from etils import epath
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, so it runs headless
 
 from transformer.files import write_atomically
@@ -37,8 +38,7 @@ def read_metrics(workdir: str) -> list[dict]:
   """The rows of DIR/metrics.jsonl; a last line without its newline is still being written."""
   path = os.path.join(workdir, 'metrics.jsonl')
   try:
-    with open(path, encoding='utf-8') as f:
-      lines = f.readlines()
+    lines = epath.Path(path).read_text(encoding='utf-8').splitlines(keepends=True)
   except FileNotFoundError:
     raise PlotError(f'{path} not found: --workdir takes a train.py workdir') from None
   if lines and not lines[-1].endswith('\n'):

@@ -8,7 +8,6 @@ The only module besides checkpoints.py that touches the workdir:
 """
 
 import json
-import os
 import signal
 import time
 
@@ -16,6 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from etils import epath
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
@@ -42,11 +42,10 @@ class TrainingError(RuntimeError):
 
 def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
   """Refuses to resume with different model or data keys, then records the resolved config."""
-  path = os.path.join(workdir, 'config.json')
+  path = epath.Path(workdir) / 'config.json'
   current = json.loads(config.to_json())
-  if os.path.exists(path):
-    with open(path) as f:
-      stored = config_lib.with_added_keys(json.load(f))
+  if path.exists():
+    stored = config_lib.with_added_keys(json.loads(path.read_text()))
     for key in RESUME_KEYS:
       old, new = stored.get(key), current[key]
       if isinstance(new, dict):
@@ -265,7 +264,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
   config_lib.validate(config)
   config_lib.use_compilation_cache(config)
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   check_and_write_config(config, workdir)
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())

@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 
 from transformer import checkpoints, data, decode, metrics
 from transformer import config as config_lib
+from transformer.files import write_atomically
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
@@ -244,8 +245,7 @@ def main(argv):
                steps)
   text = ''.join(t + '\n' for t in translations)
   if FLAGS.output:
-    with open(FLAGS.output, 'w', encoding='utf-8') as f:
-      f.write(text)
+    write_atomically(FLAGS.output, text)
   else:
     sys.stdout.write(text)
 

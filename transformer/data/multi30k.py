@@ -10,6 +10,7 @@ import hashlib
 import os
 
 import tensorflow_datasets as tfds
+from etils import epath
 
 from transformer.data import text_files
 from transformer.data.errors import DataError
@@ -29,7 +30,7 @@ def source_files(local_dir: str, download_dir: str) -> dict[str, str]:
     return {name: os.fspath(path) for name, path in downloaded.items()}
   paths = {name: os.path.join(local_dir, name) for name in FILE_NAMES}
   for path in paths.values():
-    if not os.path.isfile(path):
+    if not epath.Path(path).is_file():
       raise DataError(f'{path}: no such file; config.manual_dir must hold all of '
                       f'{", ".join(FILE_NAMES)}')
   return paths
@@ -39,8 +40,8 @@ def sources_digest(paths: dict[str, str]) -> str:
   """SHA-256 over the files' names and contents."""
   digest = hashlib.sha256()
   for name in sorted(paths):
-    with open(paths[name], 'rb') as f:
-      digest.update(name.encode() + b'\0' + hashlib.sha256(f.read()).digest())
+    content = epath.Path(paths[name]).read_bytes()
+    digest.update(name.encode() + b'\0' + hashlib.sha256(content).digest())
   return digest.hexdigest()
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
+from etils import epath
 
 from transformer.data import multi30k, synthetic, text_files
 from transformer.data.errors import DataError
@@ -70,7 +71,7 @@ def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
 
 
 def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
-  if config.manual_dir and not os.path.isdir(config.manual_dir):
+  if config.manual_dir and not epath.Path(config.manual_dir).is_dir():
     raise DataError(f'config.manual_dir={config.manual_dir!r}: no such directory; give the '
                     'directory holding train/val/test_2016_flickr.{en,de,fr}.gz, or leave it '
                     'empty to download them')

@@ -1,7 +1,8 @@
 """Reads parallel text files: one sentence per line, UTF-8, optionally gzipped, lines aligned."""
 
 import gzip
-import os
+
+from etils import epath
 
 from transformer.data.errors import DataError
 
@@ -14,12 +15,12 @@ def read_lines(path: str) -> list[str]:
   Raises:
     DataError: the file is missing, or a line is not UTF-8 (naming the file and line).
   """
-  if not os.path.isfile(path):
+  if not epath.Path(path).is_file():
     raise DataError(f'{path}: no such file; check the path (one sentence per line, optional .gz)')
-  with open(path, 'rb') as f:
-    gzipped = f.read(2) == _GZIP_MAGIC  # by content: downloaded copies lose the .gz suffix
-  with (gzip.open if gzipped else open)(path, 'rb') as f:
-    return decode_lines(f.read(), path)
+  raw = epath.Path(path).read_bytes()
+  if raw[:2] == _GZIP_MAGIC:  # by content: downloaded copies lose the .gz suffix
+    raw = gzip.decompress(raw)
+  return decode_lines(raw, path)
 
 
 def decode_lines(raw: bytes, name: str) -> list[str]:

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 from absl import logging
+from etils import epath
 
 from transformer.data import sources
 from transformer.data.errors import DataError
@@ -80,7 +81,7 @@ def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
   path = os.path.join(workdir, MODEL_FILE)
   if process_index is None:
     process_index = jax.process_index()
-  if not os.path.exists(path):
+  if not epath.Path(path).exists():
     if process_index == 0:
       began = time.time()
       write_atomically(path, train_model(config))
@@ -88,7 +89,7 @@ def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
     else:
       logging.info('waiting for process 0 to train the vocabulary: %s', path)
       deadline = time.time() + WAIT_SECS
-      while not os.path.exists(path):
+      while not epath.Path(path).exists():
         if time.time() > deadline:
           raise DataError(f'{path}: process 0 did not write the vocabulary within {WAIT_SECS} s; '
                           'check its log, and that --workdir is on a filesystem all hosts share')
@@ -100,8 +101,7 @@ def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabula
   """The vocabulary train.py stored in `<workdir>/vocab/`."""
   path = os.path.join(workdir, MODEL_FILE)
   try:
-    with open(path, 'rb') as f:
-      vocab = Vocabulary(f.read())
+    vocab = Vocabulary(epath.Path(path).read_bytes())
   except FileNotFoundError:
     raise DataError(f'{path} not found: --workdir must be a directory train.py wrote') from None
   if vocab.vocab_size != config.vocab_size:
