@@ -1,7 +1,7 @@
-"""A run kept in a bucket: train.py, its resume, eval.py, the translate command and
-average_checkpoints.py on gs:// paths, against a Cloud Storage emulator (gcp-storage-emulator)
-that the tests start. gcsfs (etils.epath, Orbax's directories), tensorstore (Orbax's arrays) and
-TensorBoard's writer are all pointed at it."""
+"""Runs kept in a bucket: train.py, its resume, eval.py, the translate command and
+average_checkpoints.py on gs:// paths, and Multi30k's files read from one, against a Cloud
+Storage emulator (gcp-storage-emulator) that the tests start. gcsfs (etils.epath, Orbax's
+directories), tensorstore (Orbax's arrays) and TensorBoard's writer are all pointed at it."""
 
 import gzip
 import json
@@ -14,6 +14,10 @@ import time
 import numpy as np
 import pytest
 from etils import epath
+
+from configs import multi30k as multi30k_config
+from transformer import data
+from transformer.data import multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = 'gs://runs'
@@ -138,3 +142,17 @@ def test_a_run_in_a_bucket_trains_resumes_evaluates_translates_and_averages(emul
   output = f'{BUCKET}/eval/averaged'
   run(emulator_env, 'eval.py', f'--workdir={averaged}', '--split=test', f'--output_dir={output}')
   assert epath.Path(f'{output}/hypotheses.txt').read_text().splitlines() == hypotheses
+
+
+def test_multi30k_files_in_a_bucket_are_read_and_prepared_on_local_disk(emulator_env, tmp_path):
+  files = f'{BUCKET}/multi30k'
+  for name in multi30k.FILE_NAMES:  # {prefix}.{lang}.gz: each line names its file and number
+    prefix, lang, _ = name.split('.')
+    epath.Path(f'{files}/{name}').write_bytes(gzip.compress(''.join(
+        f'{prefix} {lang} {number}\n' for number in range(5)).encode()))
+  config = multi30k_config.get_config()
+  config.update(manual_dir=files, tfds_data_dir=str(tmp_path))
+  sources, references = data.split_texts(config, 'validation')
+  assert sources == [f'val en {number}' for number in range(5)]
+  assert references == [f'val de {number}' for number in range(5)]
+  assert list(tmp_path.glob('multi30k_sources/*/multi30k/*/*.array_record*'))
