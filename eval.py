@@ -5,7 +5,7 @@ r"""Evaluates a trained run: translates a split or a file and scores both BLEUs.
 
 writes D/hypotheses.txt (one translation per line, input order) and D/scores.json: `sacrebleu` and
 `sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
-paper's tables), `num_sentences`, `checkpoint_steps`, the decoding settings, `sentences_per_sec`
+paper's tables) and `bleu_paper_variant` (what that did), `num_sentences`, `checkpoint_steps`, the decoding settings, `sentences_per_sec`
 after compilation and `compile_secs`.
 """
 
@@ -66,7 +66,9 @@ def main(argv):
   scores = {
       'sacrebleu': sacrebleu_score,
       'sacrebleu_signature': signature,
-      'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang),
+      'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang,
+                                    config_lib.compound_split(config)),
+      'bleu_paper_variant': bleu.paper_variant(config_lib.compound_split(config)),
       'num_sentences': len(sources),
       'checkpoint_steps': steps,
       'evaluated': name,

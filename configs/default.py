@@ -93,6 +93,9 @@ def get_config():
   config.beam_size = 4
   config.alpha = 0.6
   config.decode_extra_length = 50
+  # Target languages whose paper BLEU splits compounds (##AT##), as get_ende_bleu.sh does for
+  # German; comma-separated.
+  config.compound_split_languages = 'de'
   # Source tokens x beam_size per beam-search call and device (not from the paper). 0 = by
   # backend: the training batch's share on a CPU, 2**17 on an accelerator (config.py).
   config.decode_batch_tokens = 0

@@ -42,40 +42,55 @@ def multi_bleu(hypotheses: list[str], references: list[str]) -> float:
 
 
 def test_compound_splitting_follows_get_ende_bleu():
-  assert bleu.paper_tokenize(['Ein Boston-Terrier, saftig-grünes Gras - gut.'], 'de') == [
+  assert bleu.paper_tokenize(['Ein Boston-Terrier, saftig-grünes Gras - gut.'], 'de', True) == [
       'Ein Boston ##AT##-##AT## Terrier , saftig ##AT##-##AT## grünes Gras - gut .']
   # perl's non-overlapping s///g leaves the second hyphen of 'a-b-c' alone.
-  assert bleu.paper_tokenize(['a-b-c'], 'en') == ['a ##AT##-##AT## b-c']
+  assert bleu.paper_tokenize(['a-b-c'], 'en', True) == ['a ##AT##-##AT## b-c']
+  # Without it (French by default) compounds stay whole.
+  assert bleu.paper_tokenize(['Un porte-monnaie rouge-vif.'], 'fr', False) == [
+      'Un porte-monnaie rouge-vif .']
 
 
-def test_paper_bleu_is_multi_bleu_on_the_paper_tokenization():
-  expected = multi_bleu(bleu.paper_tokenize(HYPOTHESES, 'de'),
-                        bleu.paper_tokenize(REFERENCES, 'de'))
+@pytest.mark.parametrize('compound_split', [True, False])
+def test_paper_bleu_is_multi_bleu_on_the_paper_tokenization(compound_split):
+  expected = multi_bleu(bleu.paper_tokenize(HYPOTHESES, 'de', compound_split),
+                        bleu.paper_tokenize(REFERENCES, 'de', compound_split))
   assert 20 < expected < 80
-  assert bleu.paper_bleu(HYPOTHESES, REFERENCES, 'de') == pytest.approx(expected, abs=1e-9)
-  assert bleu.paper_bleu(REFERENCES, REFERENCES, 'de') == pytest.approx(100.0)
+  got = bleu.paper_bleu(HYPOTHESES, REFERENCES, 'de', compound_split)
+  assert got == pytest.approx(expected, abs=1e-9)
+  assert bleu.paper_bleu(REFERENCES, REFERENCES, 'de', compound_split) == pytest.approx(100.0)
 
 
 def test_sacrebleu_matches_sacrebleu_and_reports_its_signature():
   score, signature = bleu.sacrebleu_score(HYPOTHESES, REFERENCES, 'de')
   assert score == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score, abs=1e-9)
   assert signature.startswith('nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:')
-  assert score != pytest.approx(bleu.paper_bleu(HYPOTHESES, REFERENCES, 'de'))
+  assert score != pytest.approx(bleu.paper_bleu(HYPOTHESES, REFERENCES, 'de', True))
 
 
-def test_paper_pipeline_normalises_hypothesis_punctuation_as_get_ende_bleu():
-  hypotheses = ['Ein Mann sagt: “Hallo!”', 'Zwei Hunde spielen im Schnee…',
-                'Ein Kind trägt ein rot-weißes T-Shirt – es ist’s',
-                '„Sieh mal“, ruft sie（lacht）３０％']
-  # Worked by hand: replace-unicode-punctuation.perl (“ ” -> ", … -> ..., ’ -> ', full-width
-  # brackets, digits and % -> ASCII; „ and – are not in its table), tokenizer.perl -l de (which
-  # escapes " and '), then the compound split.
-  assert bleu.paper_tokenize(bleu.replace_unicode_punctuation(hypotheses), 'de') == [
+def test_paper_pipeline_normalises_quotes_and_punctuation_on_both_sides():
+  lines = ['Ein Mann sagt: “Hallo!”', 'Zwei Hunde spielen im Schnee…',
+           'Ein Kind trägt ein rot-weißes T-Shirt – es ist’s',
+           '„Sieh mal“, ruft sie（lacht）３０％ «oui» ‟so〞']
+  # Worked by hand: every double quotation mark made '"', replace-unicode-punctuation.perl
+  # (… -> ..., ’ -> ', full-width brackets, digits and % -> ASCII; – is not in its table),
+  # tokenizer.perl -l de (which escapes " and '), then the compound split.
+  assert bleu.paper_tokenize(bleu.paper_normalize(lines), 'de', True) == [
       'Ein Mann sagt : &quot; Hallo ! &quot;',
       'Zwei Hunde spielen im Schnee ...',
       'Ein Kind trägt ein rot ##AT##-##AT## weißes T ##AT##-##AT## Shirt – es ist &apos; s',
-      '„ Sieh mal &quot; , ruft sie ( lacht ) 30 %']
-  # The script normalises the hypotheses only, not the references.
-  curly, straight = ['Er sagt: “Ja”, sie sagt nein.'], ['Er sagt: "Ja", sie sagt nein.']
-  assert bleu.paper_bleu(curly, straight, 'de') == pytest.approx(100.0)
-  assert bleu.paper_bleu(straight, curly, 'de') < 60
+      '&quot; Sieh mal &quot; , ruft sie ( lacht ) 30 % &quot; oui &quot; &quot; so &quot;']
+  # A hypothesis equal to its reference scores 100 whatever its quotes: both sides are
+  # normalised (get_ende_bleu.sh normalised the hypotheses only, so „ “ in both scored less).
+  german = ['„Sieh mal“, ruft sie, „da drüben!“']
+  assert bleu.paper_bleu(german, german, 'de', True) == pytest.approx(100.0)
+  curly, straight = ['Er sagt: „Ja“, sie sagt nein.'], ['Er sagt: "Ja", sie sagt nein.']
+  assert bleu.paper_bleu(curly, straight, 'de', True) == pytest.approx(100.0)
+  assert bleu.paper_bleu(straight, curly, 'de', True) == pytest.approx(100.0)
+
+
+def test_paper_variant_names_what_was_done():
+  assert bleu.paper_variant(True) == (
+      'double quotes made ", replace-unicode-punctuation.perl, tokenizer.perl, ##AT## compound '
+      'split (hypotheses and references), multi-bleu.perl')
+  assert '##AT##' not in bleu.paper_variant(False)

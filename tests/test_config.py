@@ -93,6 +93,7 @@ BAD_VALUES = [
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
     ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
     ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
+    ('compound_split_languages', None, 'comma-separated language codes'),
 ]
 
 
@@ -228,9 +229,18 @@ def test_attention_implementation_by_backend(monkeypatch, backend):
   assert config_lib.model_config(small).attention_implementation == 'xla'
 
 
+@pytest.mark.parametrize('languages,target,split', [
+    ('de', 'de', True), ('de', 'fr', False), ('de,fr', 'fr', True), ('', 'de', False)])
+def test_paper_bleu_splits_compounds_of_the_configured_languages(languages, target, split):
+  config = multi30k.get_config(f'en-{target}')
+  config.compound_split_languages = languages
+  assert config_lib.compound_split(config) == split
+
+
 def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   stored = json.loads(tiny.get_config().to_json())
-  del stored['decode_batch_tokens'], stored['compilation_cache_dir']
+  for key in config_lib.ADDED_KEYS:
+    del stored[key]
   (tmp_path / 'config.json').write_text(json.dumps(stored))
   config = config_lib.load_workdir_config(str(tmp_path))
   assert {key: config[key] for key in config_lib.ADDED_KEYS} == config_lib.ADDED_KEYS

@@ -58,7 +58,9 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   assert scores['sacrebleu'] == pytest.approx(
       sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
   assert scores['sacrebleu_signature'] == bleu.sacrebleu_score(hypotheses, references, 'de')[1]
-  assert scores['bleu_paper'] == pytest.approx(bleu.paper_bleu(hypotheses, references, 'de'))
+  assert scores['bleu_paper'] == pytest.approx(
+      bleu.paper_bleu(hypotheses, references, 'de', compound_split=True))
+  assert scores['bleu_paper_variant'] == bleu.paper_variant(compound_split=True)
   assert 'sacreBLEU' in result.stdout and '200 sentences' in result.stdout
   # Progress in a log (stderr is no terminal here): a line at each tenth of the sentences.
   done = [int(n) for n in re.findall(

@@ -1,10 +1,13 @@
-"""BLEU two ways: sacreBLEU on detokenized text, and the paper's tokenized, compound-split BLEU.
+"""BLEU two ways: sacreBLEU on detokenized text, and the paper's tokenized BLEU.
 
 The paper's figures come from tensor2tensor's get_ende_bleu.sh: Moses
-replace-unicode-punctuation.perl on the hypotheses only (“ ” -> ", ’ -> ', … -> ..., full-width
-forms -> ASCII; the script's references were a tokenized file), Moses tokenizer.perl on both,
-every '-' between two non-space characters split off as ' ##AT##-##AT## ', then multi-bleu.perl
-(corpus BLEU-4, no smoothing, brevity penalty against the reference length).
+replace-unicode-punctuation.perl (“ ” -> ", ’ -> ', … -> ..., full-width forms -> ASCII), Moses
+tokenizer.perl, every '-' between two non-space characters split off as ' ##AT##-##AT## ' (for
+German), then multi-bleu.perl (corpus BLEU-4, no smoothing, brevity penalty against the reference
+length). The script normalised the hypotheses only: its reference was tensor2tensor's tokenized
+newstest2014, whose every double quotation mark („ “ ” ...) had been made '"' beforehand
+(tensor2tensor issue #317: up to 1.5 BLEU between the variants). Here both sides get both edits,
+so that a hypothesis equal to its reference scores 100 whatever quotes they hold.
 """
 
 import re
@@ -13,17 +16,44 @@ import sacrebleu
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 _COMPOUND = re.compile(r'(\S)-(\S)')
+_DOUBLE_QUOTES = re.compile('[„“”‟«»〝〞＂]')
 
 
-def paper_tokenize(lines: list[str], lang: str) -> list[str]:
-  """Moses tokenization, then compound splitting as in get_ende_bleu.sh."""
+def paper_variant(compound_split: bool) -> str:
+  """What `paper_bleu` did, for scores.json."""
+  return ('double quotes made ", replace-unicode-punctuation.perl, tokenizer.perl' +
+          (', ##AT## compound split' if compound_split else '') +
+          ' (hypotheses and references), multi-bleu.perl')
+
+
+def paper_normalize(lines: list[str]) -> list[str]:
+  """Every double quotation mark made '"', then Moses replace-unicode-punctuation.perl
+  (sacremoses' port of its table, which leaves „ ‟ « » alone)."""
+  normalizer = MosesPunctNormalizer()
+  return [normalizer.replace_unicode_punct(_DOUBLE_QUOTES.sub('"', line)) for line in lines]
+
+
+def paper_tokenize(lines: list[str], lang: str, compound_split: bool) -> list[str]:
+  """Moses tokenization, then (if `compound_split`) compound splitting as in get_ende_bleu.sh."""
   tokenizer = MosesTokenizer(lang=lang)
   out = []
   for line in lines:
     tokens = tokenizer.tokenize(line, return_str=True)
-    # One non-overlapping pass, like perl's s{(\S)-(\S)}{...}g: 'a-b-c' keeps 'b-c' whole.
-    out.append(_COMPOUND.sub(r'\1 ##AT##-##AT## \2', tokens))
+    if compound_split:
+      # One non-overlapping pass, like perl's s{(\S)-(\S)}{...}g: 'a-b-c' keeps 'b-c' whole.
+      tokens = _COMPOUND.sub(r'\1 ##AT##-##AT## \2', tokens)
+    out.append(tokens)
   return out
+
+
+def paper_bleu(hypotheses: list[str], references: list[str], lang: str,
+               compound_split: bool) -> float:
+  """BLEU as the paper's figures were computed: multi-bleu.perl on the paper's tokenization of
+  both sides (see the module docstring and `paper_variant`)."""
+  tokenize = lambda lines: paper_tokenize(paper_normalize(lines), lang, compound_split)
+  score = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True).corpus_score(
+      tokenize(hypotheses), [tokenize(references)])
+  return score.score
 
 
 def sacrebleu_score(hypotheses: list[str], references: list[str], lang: str):
@@ -32,17 +62,3 @@ def sacrebleu_score(hypotheses: list[str], references: list[str], lang: str):
   metric = sacrebleu.metrics.BLEU()
   score = metric.corpus_score(hypotheses, [references])
   return score.score, str(metric.get_signature())
-
-
-def replace_unicode_punctuation(lines: list[str]) -> list[str]:
-  """Moses replace-unicode-punctuation.perl (sacremoses' port of its table)."""
-  normalizer = MosesPunctNormalizer()
-  return [normalizer.replace_unicode_punct(line) for line in lines]
-
-
-def paper_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
-  """BLEU as get_ende_bleu.sh computes it: multi-bleu.perl on the paper's tokenization."""
-  score = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True).corpus_score(
-      paper_tokenize(replace_unicode_punctuation(hypotheses), lang),
-      [paper_tokenize(references, lang)])
-  return score.score

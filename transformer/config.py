@@ -121,6 +121,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not isinstance(_get(config, 'manual_dir'), str):
     _fail('manual_dir', config.manual_dir, 'must be a directory path or empty')
   _check_choice(config, 'vocab_model_type', ('bpe', 'unigram'))
+  if not isinstance(_get(config, 'compound_split_languages'), str):
+    _fail('compound_split_languages', config.compound_split_languages,
+          "must be comma-separated language codes, e.g. 'de', or empty")
   max_length = _check_int(config, 'max_length', 1)
   _check_int(config, 'tokens_per_batch', max_length)
   _check_choice(config, 'packing', (True, False))
@@ -234,6 +237,11 @@ def decode_batch_tokens(config: ml_collections.ConfigDict) -> int:
   return 2**17
 
 
+def compound_split(config: ml_collections.ConfigDict) -> bool:
+  """Whether the paper BLEU of config.target_lang splits compounds (##AT##)."""
+  return config.target_lang in config.compound_split_languages.split(',')
+
+
 def use_compilation_cache(config: ml_collections.ConfigDict):
   """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs."""
   if config.compilation_cache_dir:
@@ -245,7 +253,7 @@ def use_compilation_cache(config: ml_collections.ConfigDict):
 # Keys added after the first runs, each with the value that keeps the behaviour from before it: a
 # config.json written before them reads as if it held these.
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
-              'preemption_check_every_steps': 10}
+              'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr'}
 
 
 def with_added_keys(stored: dict) -> dict:

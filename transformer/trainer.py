@@ -169,7 +169,8 @@ class _Evaluator:
       return False
     language = self.config.target_lang
     values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, language)[0],
-              'bleu_paper': bleu.paper_bleu(hypotheses, references, language)}
+              'bleu_paper': bleu.paper_bleu(hypotheses, references, language,
+                                            config_lib.compound_split(self.config))}
     logging.info('%s BLEU at step %d%s: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', split,
                  step, f', checkpoints {checkpoint_steps} averaged' if checkpoint_steps else '',
                  values['sacrebleu'], values['bleu_paper'], len(sources))
