@@ -26,6 +26,7 @@ def get_config(arg: str = 'base,en-de'):
     config.model.num_heads = 16
     config.model.dropout_rate = 0.3 if pair == 'en-de' else 0.1
     config.num_train_steps = 300_000
+    config.checkpoint_every_steps = 600  # 10 minutes of the paper's big steps (300k in 3.5 days)
     config.keep_checkpoints = 20
     config.average_last = 20  # section 6.1: big models average the last 20 checkpoints
   elif size != 'base':

@@ -46,7 +46,8 @@ def test_default_is_the_papers_base_recipe():
                                                                          100_000)
   assert c.tokens_per_batch == 25000 and c.grad_clip_norm == 0.0
   assert (c.beam_size, c.alpha, c.decode_extra_length) == (4, 0.6, 50)
-  assert (c.average_last, c.checkpoint_every_secs) == (5, 600)
+  # Checkpoints 10 minutes of the paper's steps apart: 100k steps took 12 hours.
+  assert (c.average_last, c.checkpoint_every_steps, c.checkpoint_every_secs) == (5, 1400, 0)
   assert wmt14.get_config('base,en-de').to_dict() == c.to_dict()
 
 
@@ -54,6 +55,7 @@ def test_big_and_en_fr_differ_where_the_paper_does():
   big = wmt14.get_config('big,en-de')
   assert (big.model.d_model, big.model.d_ff, big.model.num_heads) == (1024, 4096, 16)
   assert (big.model.dropout_rate, big.num_train_steps, big.average_last) == (0.3, 300_000, 20)
+  assert (big.checkpoint_every_steps, big.checkpoint_every_secs) == (600, 0)  # 3.5 days / 300k
   big_fr = wmt14.get_config('big,en-fr')
   assert (big_fr.model.dropout_rate, big_fr.vocab_size, big_fr.target_lang) == (0.1, 32000, 'fr')
   assert big_fr.dataset == 'wmt14_translate/fr-en'
