@@ -5,8 +5,8 @@ r"""Evaluates a trained run: translates a split or a file and scores both BLEUs.
 
 writes D/hypotheses.txt (one translation per line, input order) and D/scores.json: `sacrebleu` and
 `sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
-paper's tables) and `bleu_paper_variant` (what that did), `num_sentences`, `checkpoint_steps`, the decoding settings, `sentences_per_sec`
-after compilation and `compile_secs`.
+paper's tables) and `bleu_paper_variant` (what that did), `num_sentences`, `checkpoint_steps`,
+the decoding settings, `sentences_per_sec` after compilation and `compile_secs`.
 """
 
 import json

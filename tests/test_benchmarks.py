@@ -1,5 +1,6 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
-results table, the step-cost comparison's configs, rounds and ratios."""
+results table, the step-cost comparison's configs, rounds and ratios, the generated WMT-sized
+corpus."""
 
 import gzip
 import json
@@ -9,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import reproduce_multi30k, step_cost
+from benchmarks import reproduce_multi30k, step_cost, wmt_scale
 from benchmarks.measure import round_robin
 from benchmarks.profile_step import hlo_classes, operation_seconds
 
@@ -146,3 +147,18 @@ def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
   assert costs[step_cost.RECIPE] == {'step_secs': 2.0, 'ratio': 1.0, 'ratio_range': [1.0, 1.0]}
   # Per round 3/1, 2/2, 4/4: the median ratio is 1, not the ratio of the medians (3/2).
   assert costs['wide'] == {'step_secs': 3.0, 'ratio': 1.0, 'ratio_range': [1.0, 3.0]}
+
+
+def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
+  wmt_scale.generate(str(tmp_path), pairs=3000)
+  read = lambda name: gzip.open(tmp_path / name, 'rt', encoding='utf-8').read().splitlines()
+  for split, size in (('train', 3000), ('validation', 3000), ('test', 3000)):
+    english, german = read(f'{split}.en.gz'), read(f'{split}.de.gz')
+    assert len(english) == len(german) == size
+    assert [len(s.split()) for s in english] == [len(s.split()) for s in german]
+    assert english != german
+  words = [len(s.split()) for s in read('train.en.gz')]
+  assert 17 <= sorted(words)[len(words) // 2] <= 23 and 1 <= min(words) and max(words) <= 150
+  before = (tmp_path / 'train.en.gz').stat().st_mtime_ns
+  wmt_scale.generate(str(tmp_path), pairs=3000)  # there already: left as it is
+  assert (tmp_path / 'train.en.gz').stat().st_mtime_ns == before

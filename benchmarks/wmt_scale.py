@@ -1,0 +1,141 @@
+r"""What a WMT-sized corpus costs train.py before its first step: a first start and a resume.
+
+  python -m benchmarks.wmt_scale [--pairs=4500000] [--data_dir=/tmp/wmt_scale] [--name=wmt_scale]
+
+Generates (once, into --data_dir) gzipped parallel text of --pairs training pairs with WMT14
+EN-DE-like sentence lengths (lognormal, median 20 words, 1-150) over a Zipf-distributed lexicon of
+100,000 made-up words, the German side the same sentence in another spelling, and 3,000 pairs
+each of validation and test. Then runs configs/wmt14.py:base,en-de on it (dataset='text'; its
+vocabulary, batch and lengths, the model shrunk to 1+1 layers of d_model 64: SMALL_MODEL) twice
+in one workdir: a first start (vocabulary, tokenization, compilation into a fresh compilation
+cache) to its first step, and a resume from the checkpoint it left to one more step; each run is
+stopped by a SIGTERM once its step is logged (it saves first). From each run's log it
+reads the seconds from the process's start to: the vocabulary trained, the training batches
+ready, and the first step logged; and the process's peak resident memory. Writes
+benchmarks/results/<name>.{json,md}.
+"""
+
+import gzip
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+
+import numpy as np
+from absl import app, flags
+
+from benchmarks.measure import machine, machine_name, write_results
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEXICON = 100_000
+# The model shrunk, so that the figures are the input pipeline's: one base-size step of 25,000
+# tokens takes ~100 s and 21 GiB on a 2-core CPU.
+SMALL_MODEL = ['--config.model.d_model=64', '--config.model.d_ff=128', '--config.model.num_heads=2',
+               '--config.model.num_encoder_layers=1', '--config.model.num_decoder_layers=1']
+CHUNK = 100_000  # sentences generated at a time
+# Log lines that end a phase, and the phase's name.
+MARKS = {'vocabulary': r'vocabulary trained in|trainer.py:\d+\] model:',
+         'batches': r'batching.py:\d+\] .* \(train\): \d+ batches',
+         'first_step': r'trainer.py:\d+\] step \d+/'}
+
+
+def generate(directory: str, pairs: int, seed: int = 0):
+  """Writes {train,validation,test}.{en,de}.gz; returns at once if they are there."""
+  rng = np.random.default_rng(seed)
+  letters = np.array(list('abcdefghijklmnopqrstuvwxyz'))
+  words = {lang: np.array([''.join(rng.choice(letters, rng.integers(2, 12)))
+                           for _ in range(LEXICON)]) for lang in ('en', 'de')}
+  frequency = 1.0 / np.arange(1, LEXICON + 1) ** 1.1
+  frequency /= frequency.sum()
+  os.makedirs(directory, exist_ok=True)
+  for split, size in (('train', pairs), ('validation', 3000), ('test', 3000)):
+    paths = {lang: os.path.join(directory, f'{split}.{lang}.gz') for lang in words}
+    if all(os.path.exists(p) for p in paths.values()):
+      continue
+    files = {lang: gzip.open(path + '.tmp', 'wt', compresslevel=1, encoding='utf-8')
+             for lang, path in paths.items()}
+    for start in range(0, size, CHUNK):
+      count = min(CHUNK, size - start)
+      lengths = np.clip(rng.lognormal(np.log(20), 0.6, count).astype(int), 1, 150)
+      ids = rng.choice(LEXICON, lengths.sum(), p=frequency)
+      ends = np.cumsum(lengths)
+      for lang, f in files.items():
+        tokens = words[lang][ids]
+        f.write(''.join(' '.join(tokens[end - n:end]) + '\n' for n, end in zip(lengths, ends)))
+    for lang, f in files.items():
+      f.close()
+      os.replace(paths[lang] + '.tmp', paths[lang])
+
+
+def timed_run(args: list[str]) -> dict:
+  """Runs train.py up to its first step, then stops it as a preemption would (SIGTERM: it saves
+  a checkpoint and exits); seconds from its start to each of MARKS, and its peak memory (GiB)."""
+  began = time.time()
+  process = subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  seconds, lines = {}, []
+  for line in process.stdout:
+    lines.append(line)
+    stamp = re.match(r'I(\d{4}) (\d\d:\d\d:\d\d\.\d+)', line)
+    for name, pattern in MARKS.items():
+      if stamp and name not in seconds and re.search(pattern, line):
+        when = datetime.strptime(f'{datetime.now().year}{stamp[1]} {stamp[2]}',
+                                 '%Y%m%d %H:%M:%S.%f')
+        seconds[name] = when.timestamp() - began
+        if name == 'first_step':
+          process.send_signal(signal.SIGTERM)
+  _, status, usage = os.wait4(process.pid, 0)
+  if status or 'first_step' not in seconds:
+    raise RuntimeError(f'train.py failed:\n{"".join(lines)[-3000:]}')
+  return {**seconds, 'peak_memory_gib': usage.ru_maxrss * 1024 / 2**30}  # ru_maxrss: KiB
+
+
+def main(argv):
+  del argv
+  began = time.time()
+  generate(FLAGS.data_dir, FLAGS.pairs)
+  generate_secs = time.time() - began
+  data = FLAGS.data_dir
+  with tempfile.TemporaryDirectory() as work:
+    args = ['--config=configs/wmt14.py:base,en-de', f'--workdir={work}/run',
+            '--config.dataset=text', f'--config.train_files={data}/train.{{lang}}.gz',
+            f'--config.validation_files={data}/validation.{{lang}}.gz',
+            f'--config.test_files={data}/test.{{lang}}.gz', '--config.log_every_steps=1',
+            '--config.eval_every_steps=0', '--config.bleu_every_steps=0', *SMALL_MODEL,
+            f'--config.compilation_cache_dir={work}/cache']
+    first = timed_run(args + ['--config.num_train_steps=1'])
+    resume = timed_run(args + ['--config.num_train_steps=2'])
+  results = {'machine': machine(), 'pairs': FLAGS.pairs, 'generate_secs': generate_secs,
+             'first_start': first, 'resume': resume}
+  write_results(FLAGS.output, FLAGS.name, results, markdown(results))
+
+
+def markdown(r: dict) -> str:
+  row = lambda name, x: (f'| {name} | {x.get("vocabulary", float("nan")):.0f} | '
+                         f'{x.get("batches", float("nan")):.0f} | '
+                         f'{x.get("first_step", float("nan")):.0f} | '
+                         f'{x["peak_memory_gib"]:.1f} |')
+  return '\n'.join([
+      f'configs/wmt14.py:base,en-de (model shrunk) on {r["pairs"]:,} generated pairs '
+      f'(dataset=text) on {machine_name(r["machine"])}: seconds from the process start to each '
+      'point of its log, and its peak resident memory (`python -m benchmarks.wmt_scale`).',
+      '',
+      '| run | vocabulary ready (s) | training batches ready (s) | first step (s) | '
+      'peak memory (GiB) |',
+      '| --- | --- | --- | --- | --- |',
+      row('first start (vocabulary trained, compilation cache empty)', r['first_start']),
+      row('resume (vocabulary read, compilation cached)', r['resume'])]) + '\n'
+
+
+if __name__ == '__main__':  # flags here: the tests import generate() beside other benchmarks
+  flags.DEFINE_integer('pairs', 4_500_000, 'Training pairs generated.')
+  flags.DEFINE_string('data_dir', '/tmp/wmt_scale', 'Where the text files go.')
+  flags.DEFINE_string('name', 'wmt_scale', 'Results go to <name>.json and <name>.md.')
+  flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                      'Where the results go.')
+  FLAGS = flags.FLAGS
+  app.run(main)
