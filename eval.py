@@ -63,12 +63,12 @@ def main(argv):
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, EvalError) as error:
     sys.exit(f'eval.py: {error}')
   sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
+  compound_split = config_lib.compound_split(config)
   scores = {
       'sacrebleu': sacrebleu_score,
       'sacrebleu_signature': signature,
-      'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang,
-                                    config_lib.compound_split(config)),
-      'bleu_paper_variant': bleu.paper_variant(config_lib.compound_split(config)),
+      'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang, compound_split),
+      'bleu_paper_variant': bleu.paper_variant(compound_split),
       'num_sentences': len(sources),
       'checkpoint_steps': steps,
       'evaluated': name,

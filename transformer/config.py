@@ -195,8 +195,8 @@ def attention_implementation(config: ml_collections.ConfigDict) -> str:
 
   config.model.attention_implementation='' picks by backend: cuDNN's fused kernel on a GPU when
   the model computes in bfloat16 or float16 without attention dropout, with heads of a depth that
-  cuDNN takes (a multiple of 8 up to 128), else XLA's. A config.json
-  written before the key existed reads as ''.
+  cuDNN takes (a multiple of 8 up to 128), else XLA's. A config.json written before the key
+  existed reads as ''.
   """
   chosen = config.model.get('attention_implementation', '')
   half = config.model.dtype in ('bfloat16', 'float16')
