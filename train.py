@@ -52,12 +52,5 @@ def main(argv):
     sys.exit(f'train.py: {error}')
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  try:
-    return config_lib.parse_flags(argv)
-  except (config_lib.ConfigError, flags.Error) as error:
-    sys.exit(f'train.py: {error}')
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=config_lib.flags_parser('train.py'))

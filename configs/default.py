@@ -16,7 +16,9 @@ def get_config():
   config.dataset = 'wmt14_translate/de-en'  # a TFDS name, 'multi30k', 'text' or 'synthetic'
   config.source_lang = 'en'
   config.target_lang = 'de'
-  config.manual_dir = ''  # local copy of the dataset's files (multi30k); empty = download
+  # Files fetched by hand: Multi30k's nine, or a TFDS dataset's downloads named as in their URLs
+  # (prepare.py lists them when a download fails); empty = download.
+  config.manual_dir = ''
   config.vocab_size = 37000  # shared source-target byte-pair vocabulary
   config.vocab_model_type = 'bpe'  # SentencePiece model type
   config.max_length = 256  # pairs with a side longer than this (in tokens) are dropped (t2t's)
@@ -27,7 +29,8 @@ def get_config():
   # Input pipeline (not from the paper).
   config.packing = False  # True: several pairs per max_length row instead of length buckets
   config.vocab_sample_size = 1_000_000  # training pairs (both sides) the vocabulary learns from
-  config.tfds_data_dir = ''  # where TFDS datasets are stored; empty = TFDS's default
+  # Where prepared data goes (TFDS datasets, vocabularies, token ids); empty = TFDS's default.
+  config.tfds_data_dir = ''
   config.train_files = ''  # dataset='text': e.g. 'data/train.{lang}.gz', {lang} = a language
   config.validation_files = ''  # dataset='text', optional
   config.test_files = ''  # dataset='text', optional

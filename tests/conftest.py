@@ -1,5 +1,5 @@
-"""Test session set-up: four simulated CPU devices (as on 4 chips), one compilation cache, where
-Multi30k is, and a trained tiny run for the tests of what reads one."""
+"""Test session set-up: four simulated CPU devices (as on 4 chips), one compilation cache, one
+prepared-data directory, where Multi30k is, and a trained tiny run for the tests of what reads one."""
 
 import atexit
 import os
@@ -20,6 +20,12 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='jax_compilation_cache_')
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+
+# Prepared data (datasets, vocabularies, token ids) in one place per session, away from the
+# user's ~/tensorflow_datasets: tests that train the same vocabulary share it, as runs do.
+if 'TFDS_DATA_DIR' not in os.environ:
+  os.environ['TFDS_DATA_DIR'] = tempfile.mkdtemp(prefix='tfds_data_dir_')
+  atexit.register(shutil.rmtree, os.environ['TFDS_DATA_DIR'], ignore_errors=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

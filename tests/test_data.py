@@ -17,7 +17,7 @@ import tensorflow_datasets as tfds
 from configs import default, multi30k, tiny
 from transformer import config as config_lib
 from transformer import data
-from transformer.data import batching, sources, synthetic, vocabulary
+from transformer.data import batching, sources, synthetic, token_store, vocabulary
 from transformer.data import multi30k as multi30k_files
 
 
@@ -48,8 +48,8 @@ def corpus(tmp_path_factory):
 
 
 def encode_all(config, vocab, split) -> batching.EncodedSplit:
-  corpus = sources.load_split(config, split)
-  return batching.encode(corpus, vocab, config.max_length, np.arange(len(corpus)))
+  tokenized = token_store.load_or_tokenize(config, sources.load_split(config, split), vocab)
+  return batching.select(tokenized, config.max_length, np.arange(len(tokenized)))
 
 
 def simulated_hosts(build, process_count: int) -> list:
@@ -129,20 +129,24 @@ def test_special_ids_and_round_trip(corpus):
     assert data.UNK_ID not in ids and vocab.decode(ids) == unseen
 
 
-def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, monkeypatch,
-                                                                     caplog):
+def test_vocabulary_is_trained_once_kept_beside_the_data_and_copied_to_each_workdir(
+    tmp_path, monkeypatch, caplog):
   config = tiny.get_config()
-  workdir = str(tmp_path)
+  config.tfds_data_dir = str(tmp_path / 'prepared')
+  workdir = str(tmp_path / 'run')
   with caplog.at_level(logging.INFO, logger='absl'):
     first = data.load_or_train_vocabulary(config, workdir)
-  assert os.listdir(tmp_path / 'vocab') == ['sentencepiece.model']  # no temp file left
+  assert os.listdir(tmp_path / 'run' / 'vocab') == ['sentencepiece.model']  # no temp file left
+  stored = vocabulary.stored_path(config, sources.load_split(config, 'train'))
+  assert stored.startswith(f'{tmp_path}/prepared/vocabularies/')
+  assert open(stored, 'rb').read() == (tmp_path / 'run' / 'vocab' / 'sentencepiece.model'
+                                       ).read_bytes()
   # It says what it does, and when it is done.
   said = [r.getMessage() for r in caplog.records]
   assert said[0] == 'training a 320-piece bpe vocabulary on 4000 sentences of synthetic (train)'
-  assert re.fullmatch(rf'vocabulary trained in [\d.]+ s: {tmp_path}/vocab/sentencepiece.model',
-                      said[-1])
+  assert re.fullmatch(rf'vocabulary trained in [\d.]+ s: {stored}', said[-1])
 
-  def fail(config):
+  def fail(config, corpus):
     raise AssertionError('trained again')
 
   monkeypatch.setattr(vocabulary, 'train_model', fail)
@@ -150,8 +154,16 @@ def test_vocabulary_is_trained_once_stored_in_the_workdir_and_reused(tmp_path, m
     again = data.load_or_train_vocabulary(config, workdir, process_index=process_index)
     sentence = synthetic.pairs('validation')[0][0]
     assert again.encode(sentence) == first.encode(sentence)
+  # Another run of the same data and settings copies the stored one.
+  other = data.load_or_train_vocabulary(config, str(tmp_path / 'other_run'))
+  assert other.model_proto == first.model_proto
+  # Other settings train another: the seed draws the sample.
+  config.seed = 1
+  assert vocabulary.stored_path(config, sources.load_split(config, 'train')) != stored
+  with pytest.raises(AssertionError, match='trained again'):
+    data.load_or_train_vocabulary(config, str(tmp_path / 'seed_1'))
 
-  config.vocab_size = 400
+  config.seed, config.vocab_size = 0, 400
   with pytest.raises(data.DataError, match='has 320 pieces but config.vocab_size=400'):
     data.load_or_train_vocabulary(config, workdir)
 
@@ -300,25 +312,16 @@ def device_pairs(batch, device: int) -> list:
 
 
 @pytest.mark.parametrize('packing', [False, True])
-def test_each_host_reads_its_devices_shards_of_the_same_global_batches(corpus, packing,
-                                                                        monkeypatch):
+def test_each_host_takes_its_devices_shards_of_the_same_global_batches(corpus, packing,
+                                                                       monkeypatch):
   config, vocab, encoded = corpus
   config = with_packing(config, packing)
-  reads = collections.defaultdict(set)  # thread name -> corpus indices read
-  load_split = sources.load_split
-
-  def recording_load_split(config, split):
-    corpus = load_split(config, split)
-    read = corpus.texts
-    corpus.texts = lambda indices: (reads[threading.current_thread().name].update(indices),
-                                    read(indices))[1]
-    return corpus
-
-  monkeypatch.setattr(sources, 'load_split', recording_load_split)
+  texts_read = []
+  monkeypatch.setattr(sources.Corpus, 'texts',
+                      lambda self, indices: texts_read.append(self.name))
   hosts = simulated_hosts(lambda i, gather: data.train_batches(
       config, vocab, process_index=i, process_count=2, num_devices=2, all_gather=gather), 2)
-  assert not reads['host 0'] & reads['host 1']
-  assert reads['host 0'] | reads['host 1'] == set(range(600))  # the whole corpus, read once
+  assert not texts_read  # the fixture stored the token ids: no host reads or tokenizes text
 
   single = data.train_batches(config, vocab, num_devices=4)
   assert {h.batches_per_epoch for h in hosts} == {single.batches_per_epoch}
@@ -332,8 +335,9 @@ def test_each_host_reads_its_devices_shards_of_the_same_global_batches(corpus, p
     for device in range(4):
       held[device] |= {index[pair] for pair in device_pairs(batch, device)}
   assert sum(map(len, held)) == len(encoded)  # disjoint shards, the same in every epoch
-  for i in range(2):  # host i has devices 2i and 2i + 1: it read their pairs itself
-    assert held[2 * i] | held[2 * i + 1] <= reads[f'host {i}']
+  for i, host in enumerate(hosts):  # host i holds the pairs of devices 2i and 2i + 1 only
+    shards = host._batches.shards  # pylint: disable=protected-access
+    assert [set(s.encoded.indices.tolist()) for s in shards] == held[2 * i:2 * i + 2]
   for device in range(4):  # random samples of the corpus, not every 4th line
     assert 0.35 < np.mean([k % 2 for k in held[device]]) < 0.65
 

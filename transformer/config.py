@@ -9,6 +9,7 @@ import dataclasses
 import json
 import numbers
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -303,3 +304,14 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
     problem = f'no key {key!r} in the config' if key.isidentifier() else key
     raise ConfigError(f'{override}: {problem}. {did_you_mean}'.strip()) from None
   return remaining
+
+
+def flags_parser(command: str):
+  """An absl `flags_parser` for `command` (e.g. 'train.py'): `parse_flags`, and a bad --config
+  ends the command with one line, `<command>: <what is wrong>`."""
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      return parse_flags(argv)
+    except (ConfigError, flags.Error) as error:
+      sys.exit(f'{command}: {error}')
+  return parse

@@ -1,6 +1,7 @@
 """Files on a local disk or in a bucket (gs://, s3://, ... through etils.epath), written so that a
 reader never sees half of one."""
 
+import contextlib
 import os
 
 from etils import epath
@@ -16,24 +17,35 @@ def absolute(path: str) -> str:
   return os.fspath(path) if is_remote(path) else os.path.abspath(path)
 
 
-def write_atomically(path: str, content: str | bytes):
-  """Writes `content` to `path` so that a reader sees the old file or the new one, never a part.
+@contextlib.contextmanager
+def open_atomically(path: str, mode: str = 'wb'):
+  """A file opened for writing (`mode` 'wb' or 'w', UTF-8) that appears at `path` whole, once
+  the block ends without an error, so that a reader sees the old file or the new one, never a
+  part.
 
-  Locally: a temporary file beside `path`, renamed over it. In a bucket an object appears only
-  once its upload is complete, so it is written in place (a rename there is a copy).
+  Locally: a temporary file beside `path`, renamed over it (removed if the block fails). In a
+  bucket an object appears only once its upload is complete, so it is written in place (a rename
+  there is a copy).
   """
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  if is_remote(path):
-    target = path
-  else:
-    target = path.with_name(f'{path.name}.tmp{os.getpid()}')
-  if isinstance(content, bytes):
-    target.write_bytes(content)
-  else:
-    target.write_text(content, encoding='utf-8')
+  target = path if is_remote(path) else path.with_name(f'{path.name}.tmp{os.getpid()}')
+  try:
+    with target.open(mode, **({} if 'b' in mode else {'encoding': 'utf-8'})) as f:
+      yield f
+  except BaseException:
+    if target != path:
+      target.unlink(missing_ok=True)
+    raise
   if target != path:
     os.replace(target, path)
+
+
+def write_atomically(path: str, content: str | bytes):
+  """Writes `content` to `path` so that a reader sees the old file or the new one, never a part
+  (`open_atomically`)."""
+  with open_atomically(path, 'wb' if isinstance(content, bytes) else 'w') as f:
+    f.write(content)
 
 
 def append_line(path: str, line: str):

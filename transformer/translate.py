@@ -137,7 +137,7 @@ class Translator:
     make the same calls in the same order (the pmapped search spans them all), so `stop` must
     agree across hosts.
     """
-    encoded = [ids + [data.EOS_ID] for ids in self.vocab.encode_batch(sentences)]
+    encoded = self.vocab.encode_batch(sentences, add_eos=True)
     self._check_lengths(encoded)
     hosts, host = jax.process_count(), jax.process_index()
     outputs_of = [None] * len(sentences)

@@ -15,7 +15,8 @@ counted, never truncated.
 
 The data is sharded by device, not by host: of D devices in all, device d owns every D-th pair of
 a permutation of the split drawn from config.seed (a random sample, however the corpus is
-ordered), and a host reads and tokenizes only its own devices' shards. The hosts then all-gather
+ordered), and a host takes only its own devices' shards from the split's token ids, tokenized
+once and stored for every run and host (token_store.py). The hosts then all-gather
 one small table (each shard's row count and mean tokens per row, per length) and compute the same
 plan from it: the sequence of batch lengths, each length as often as the fullest shard needs. Every
 device fills each batch from its own shard, spreading its rows of that length evenly over the
@@ -35,11 +36,11 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer.data import sources
+from transformer.data import sources, token_store
 from transformer.data.errors import DataError
-from transformer.data.vocabulary import EOS_ID, Vocabulary
+from transformer.data.token_store import Ragged, Tokenized
+from transformer.data.vocabulary import Vocabulary
 
-ENCODE_CHUNK = 10_000  # pairs read and tokenized at a time
 PACKING_WINDOW = 16  # open rows a pair may join: more fills rows better but packs slower
 SHARDING, PACKING, BATCH_ORDER, ROW_ORDER = range(4)  # the random choices made from config.seed
 
@@ -53,25 +54,14 @@ def bucket_lengths(max_length: int) -> list[int]:
   return lengths + [max_length]
 
 
-class _Ragged:
-  """Sequences of different lengths, stored flat: `ragged[i]` is sequence i."""
-
-  def __init__(self, flat: np.ndarray, lengths: np.ndarray):
-    self.flat, self.lengths = flat, lengths
-    self.offsets = np.concatenate([[0], np.cumsum(lengths)])
-
-  def __getitem__(self, i: int) -> np.ndarray:
-    return self.flat[self.offsets[i]:self.offsets[i + 1]]
-
-
 @dataclasses.dataclass
 class EncodedSplit:
   """Usable pairs as token ids ending in EOS; pair k is corpus pair `indices[k]`."""
 
   name: str
   indices: np.ndarray
-  sources: _Ragged
-  targets: _Ragged
+  sources: Ragged
+  targets: Ragged
   dropped_empty: int
   dropped_too_long: int
 
@@ -84,31 +74,15 @@ class EncodedSplit:
     return np.maximum(self.sources.lengths, self.targets.lengths)
 
 
-def encode(corpus: sources.Corpus, vocab: Vocabulary, max_length: int,
-           indices: np.ndarray) -> EncodedSplit:
-  """Tokenizes the corpus pairs at `indices`, dropping those with an empty or too long side."""
-  dtype = np.uint16 if vocab.vocab_size <= 2**16 else np.int32
-  kept, empty, too_long = [], 0, 0
-  # (token chunks, length chunks) per side; the empty first chunks serve an empty shard.
-  sides = [([np.zeros(0, dtype)], [np.zeros(0, np.int64)]) for _ in range(2)]
-  for start in range(0, len(indices), ENCODE_CHUNK):
-    chunk = indices[start:start + ENCODE_CHUNK].tolist()
-    encoded = [vocab.encode_batch(texts) for texts in corpus.texts(chunk)]
-    chunk_kept = []
-    for index, source, target in zip(chunk, *encoded):
-      if not source or not target:
-        empty += 1
-      elif max(len(source), len(target)) + 1 > max_length:
-        too_long += 1
-      else:
-        chunk_kept.append((source, target))
-        kept.append(index)
-    for (tokens, lengths), sequences in zip(sides, zip(*chunk_kept) if chunk_kept else ((), ())):
-      tokens.append(np.array([t for s in sequences for t in (*s, EOS_ID)], dtype))
-      lengths.append(np.array([len(s) + 1 for s in sequences], np.int64))
-  source, target = (_Ragged(np.concatenate(tokens), np.concatenate(lengths))
-                    for tokens, lengths in sides)
-  return EncodedSplit(corpus.name, np.array(kept, np.int64), source, target, empty, too_long)
+def select(tokenized: Tokenized, max_length: int, indices: np.ndarray) -> EncodedSplit:
+  """The pairs at `indices` (ascending), dropping those with an empty side or a side longer than
+  max_length tokens (EOS included)."""
+  source, target = tokenized.sources.lengths[indices], tokenized.targets.lengths[indices]
+  empty = (source <= 1) | (target <= 1)  # EOS alone
+  too_long = ~empty & (np.maximum(source, target) > max_length)
+  kept = indices[~empty & ~too_long]
+  return EncodedSplit(tokenized.name, kept, tokenized.sources.subset(kept),
+                      tokenized.targets.subset(kept), int(empty.sum()), int(too_long.sum()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +141,7 @@ class Shard:
   """One device's pairs arranged in rows: `rows[r]` lists the pairs of row r."""
 
   encoded: EncodedSplit
-  rows: _Ragged
+  rows: Ragged
   rows_by_length: list[np.ndarray]  # per bucket length: the ids of the rows of that length
 
   def milli_tokens_per_row(self) -> list[int]:
@@ -187,11 +161,11 @@ def arrange(encoded: EncodedSplit, buckets: list[int], packing: bool, seed: int,
   if packing:
     order = rng(seed, PACKING, device=device).permutation(len(encoded))
     packed = pack(encoded.sources.lengths, encoded.targets.lengths, order, buckets[-1])
-    rows = _Ragged(np.array([p for row in packed for p in row], np.int64),
-                   np.array([len(row) for row in packed], np.int64))
+    rows = Ragged(np.array([p for row in packed for p in row], np.int64),
+                  np.array([len(row) for row in packed], np.int64))
     by_length = [np.zeros(0, np.int64)] * (len(buckets) - 1) + [np.arange(len(packed))]
   else:
-    rows = _Ragged(np.arange(len(encoded)), np.ones(len(encoded), np.int64))
+    rows = Ragged(np.arange(len(encoded)), np.ones(len(encoded), np.int64))
     bucket_of = np.searchsorted(buckets, encoded.longest)
     by_length = [np.flatnonzero(bucket_of == b) for b in range(len(buckets))]
   return Shard(encoded, rows, by_length)
@@ -215,9 +189,9 @@ class Batches:
     self.buckets = bucket_lengths(config.max_length)
     # Packed batches, even those of single-pair rows, carry segment ids and positions.
     self.where, self._segments, self._seed = where, pack_rows, config.seed
-    corpus = sources.load_split(config, split)
-    order = rng(config.seed, SHARDING).permutation(len(corpus))
-    self.shards = [arrange(encode(corpus, vocab, config.max_length,
+    tokenized = token_store.load_or_tokenize(config, sources.load_split(config, split), vocab)
+    order = rng(config.seed, SHARDING).permutation(len(tokenized))
+    self.shards = [arrange(select(tokenized, config.max_length,
                                   np.sort(order[device::where.num_shards])),
                            self.buckets, pack_rows, config.seed, device)
                    for device in where.devices]
@@ -230,10 +204,10 @@ class Batches:
                       'devices: process_count and num_devices must describe the running hosts')
     usable, empty, too_long = table[:, :3].sum(axis=0).tolist()
     logging.info('%s: %d pairs in %d shards; dropped %d with an empty side and %d longer than '
-                 'max_length=%d tokens', corpus.name, usable, where.num_shards, empty, too_long,
+                 'max_length=%d tokens', tokenized.name, usable, where.num_shards, empty, too_long,
                  config.max_length)
     if not usable:
-      raise DataError(f'{corpus.name}: no usable pairs ({empty} empty, {too_long} longer than '
+      raise DataError(f'{tokenized.name}: no usable pairs ({empty} empty, {too_long} longer than '
                       f'config.max_length={config.max_length}); check the data or raise '
                       'max_length')
     rows, milli_tokens = np.split(table[:, 3:], 2, axis=1)
@@ -245,7 +219,7 @@ class Batches:
     self.batches_per_length = [int(-(-rows[:, b].max() // self.rows_per_batch[b]))
                                for b in range(len(self.buckets))]
     logging.info('%s: %d batches of [rows x length] %s per device, ~%d real tokens per side',
-                 corpus.name, sum(self.batches_per_length),
+                 tokenized.name, sum(self.batches_per_length),
                  ', '.join(f'{r}x{length}' for r, length, n in zip(
                      self.rows_per_batch, self.buckets, self.batches_per_length) if n),
                  where.tokens)

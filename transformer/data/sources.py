@@ -6,11 +6,15 @@ so the batcher reads only the pairs it needs. TFDS datasets are read TF-free, th
 length-grouped, resumable batching needs).
 """
 
+import functools
+import hashlib
 import os
 import time
+import urllib.error
 from collections.abc import Callable, Sequence
 
 import ml_collections
+import requests
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
@@ -21,29 +25,45 @@ from transformer.data.errors import DataError
 SPLITS = ('train', 'validation', 'test')
 _DATASETS = ("a TFDS translation dataset such as 'wmt14_translate/de-en', or 'multi30k', 'text' "
              "or 'synthetic'")
+Reader = Callable[[Sequence[int]], tuple[list[str], list[str]]]
 
 
 class Corpus:
-  """A split as `len(corpus)` pairs; `corpus.texts(indices)` -> (sources, targets)."""
+  """A split as `len(corpus)` pairs; `corpus.texts(indices)` -> (sources, targets).
 
-  def __init__(self, name: str, size: int, read: Callable[[Sequence[int]], tuple[list, list]]):
-    self.name = name
-    self._size = size
-    self._read = read
+  `digest` names the split's content in this language order, so that what is derived from it
+  (the vocabulary, the token ids) is made once and found again; `open()` gives (size, reader) and
+  is called on first use only: a run whose token ids are stored never reads the text.
+  """
+
+  def __init__(self, name: str, digest: str, open_: Callable[[], tuple[int, Reader]]):
+    self.name, self.digest = name, digest
+    self._open = functools.cache(open_)
 
   def __len__(self) -> int:
-    return self._size
+    return self._open()[0]
 
   def texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
-    return self._read(indices)
+    return self._open()[1](indices)
 
 
-def _in_memory(name: str, sources: list[str], targets: list[str]) -> Corpus:
-  return Corpus(name, len(sources),
-                lambda indices: ([sources[i] for i in indices], [targets[i] for i in indices]))
+def _digest(*parts) -> str:
+  return hashlib.sha256('\0'.join(map(str, parts)).encode()).hexdigest()
 
 
-def _from_data_source(name: str, source, source_lang: str, target_lang: str) -> Corpus:
+def _lists(sources: list[str], targets: list[str]) -> tuple[int, Reader]:
+  return len(sources), lambda indices: ([sources[i] for i in indices],
+                                        [targets[i] for i in indices])
+
+
+def _synthetic_corpus(split: str) -> Corpus:
+  sources, targets = synthetic.pairs(split)
+  return Corpus(f'synthetic ({split})', _digest('synthetic', *sources, *targets),
+                lambda: _lists(sources, targets))
+
+
+def _from_data_source(name: str, digest: str, source, source_lang: str,
+                      target_lang: str) -> Corpus:
   def text(value) -> str:
     return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
@@ -57,7 +77,8 @@ def _from_data_source(name: str, source, source_lang: str, target_lang: str) -> 
       if lang not in languages:
         raise DataError(f'{name} has no language {lang!r} (it has {", ".join(languages)}); set '
                         'config.source_lang and config.target_lang to two of those')
-  return Corpus(name, len(source), read)
+  return Corpus(name, _digest(digest, len(source), source_lang, target_lang),
+                lambda: (len(source), read))
 
 
 def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
@@ -67,7 +88,15 @@ def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
     raise DataError(f'config.{key} is empty: name the {split} files of dataset=text, e.g. '
                     f"--config.{key}=data/{split}.{{lang}}.gz ({{lang}} = a language code)")
   paths = [pattern.replace('{lang}', lang) for lang in (config.source_lang, config.target_lang)]
-  return _in_memory(f'{pattern} ({split})', *text_files.read_parallel(*paths))
+  for path in paths:
+    if not epath.Path(path).is_file():
+      raise DataError(f'{path}: no such file; check config.{key} (one sentence per line, '
+                      'optional .gz)')
+  # Hashing the bytes is a fraction of reading them as text.
+  digest = _digest('text', *(hashlib.sha256(epath.Path(p).read_bytes()).hexdigest()
+                             for p in paths))
+  return Corpus(f'{pattern} ({split})', digest,
+                lambda: _lists(*text_files.read_parallel(*paths)))
 
 
 def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
@@ -76,7 +105,7 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
                     'directory holding train/val/test_2016_flickr.{en,de,fr}.gz, or leave it '
                     'empty to download them')
   tfds.disable_progress_bar()
-  root = config.tfds_data_dir or tfds.core.constants.DATA_DIR
+  root = prepared_dir(config)
   paths = multi30k.source_files(config.manual_dir, os.path.join(root, 'downloads'))
   digest = multi30k.sources_digest(paths)
   prepared = os.path.join(root, 'multi30k_sources', digest[:16])
@@ -87,21 +116,64 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
     began = time.time()
     builder.download_and_prepare()
     logging.info('prepared multi30k in %.1f s', time.time() - began)
-  return _from_data_source(f'multi30k ({split})', builder.as_data_source(split),
-                           config.source_lang, config.target_lang)
+  return _from_data_source(f'multi30k ({split})', _digest('multi30k', digest, split),
+                           builder.as_data_source(split), config.source_lang, config.target_lang)
 
 
-def _tfds_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
+def _download_failed(builder, error: Exception, manual_dir: str) -> DataError:
+  """What to fetch by hand, and where to put it, when TFDS cannot download a dataset's files."""
+  files = ', '.join(f'{url} ({info.size / 2**20:,.0f} MiB)'
+                    for url, info in sorted((builder.url_infos or {}).items()))
+  where = f'into config.manual_dir={manual_dir}' if manual_dir else (
+      'into one directory and pass it as --config.manual_dir=DIR')
+  return DataError(f'{builder.info.full_name}: a download failed ({type(error).__name__}: '
+                   f'{error}); fetch its files by hand {where}, keeping their names (TFDS then '
+                   f'reads them from there): {files or "see the dataset page on tensorflow.org"}')
+
+
+def tfds_builder(config: ml_collections.ConfigDict):
+  """config.dataset's TFDS builder, downloaded and prepared (once) as array_record files.
+
+  Raises:
+    DataError: no such dataset, or a download failed (the message lists the files to fetch by
+      hand into config.manual_dir), or a file there does not match its registered checksum.
+  """
   # TFDS registers its translation builders only when their package is imported.
   import tensorflow_datasets.translate  # pylint: disable=g-import-not-at-top,unused-import
   try:
-    source = tfds.data_source(config.dataset, split=split, data_dir=config.tfds_data_dir or None,
-                              builder_kwargs=dict(file_format='array_record'))
+    builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir or None,
+                           file_format='array_record')
   except tfds.core.registered.DatasetNotFoundError:
     raise DataError(f'config.dataset={config.dataset!r}: no such TFDS dataset; use '
                     f'{_DATASETS}') from None
-  return _from_data_source(f'{config.dataset} ({split})', source, config.source_lang,
-                           config.target_lang)
+  if not builder.is_prepared():
+    logging.info('preparing %s in %s', builder.info.full_name, builder.data_dir)
+    began = time.time()
+    try:
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          manual_dir=config.manual_dir or None))
+    except tfds.core.download.download_manager.NonMatchingChecksumError as error:
+      raise DataError(f'{builder.info.full_name}: a file does not match its registered checksum '
+                      f'(check the copies in config.manual_dir={config.manual_dir!r}, or delete '
+                      f'the partial download): {str(error).splitlines()[0]}') from None
+    except (tfds.download.DownloadError, requests.RequestException,
+            urllib.error.URLError) as error:
+      raise _download_failed(builder, error, config.manual_dir) from None
+    logging.info('prepared %s in %.1f s', builder.info.full_name, time.time() - began)
+  return builder
+
+
+def _tfds_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
+  builder = tfds_builder(config)
+  return _from_data_source(f'{config.dataset} ({split})',
+                           _digest('tfds', builder.info.full_name, split),
+                           builder.as_data_source(split), config.source_lang, config.target_lang)
+
+
+def prepared_dir(config: ml_collections.ConfigDict) -> str:
+  """Where prepared data goes: TFDS datasets, vocabularies and token ids (config.tfds_data_dir,
+  or TFDS's default)."""
+  return os.path.expanduser(config.tfds_data_dir or tfds.core.constants.DATA_DIR)
 
 
 def load_split(config: ml_collections.ConfigDict, split: str) -> Corpus:
@@ -109,7 +181,7 @@ def load_split(config: ml_collections.ConfigDict, split: str) -> Corpus:
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}; use one of {", ".join(SPLITS)}')
   if config.dataset == 'synthetic':
-    return _in_memory(f'synthetic ({split})', *synthetic.pairs(split))
+    return _synthetic_corpus(split)
   if config.dataset == 'text':
     return _text_corpus(config, split)
   if config.dataset == 'multi30k':

@@ -1,4 +1,5 @@
-"""The joint source-target SentencePiece vocabulary, trained once per workdir and then reused.
+"""The joint source-target SentencePiece vocabulary: trained once per training data and settings,
+kept beside the prepared data, and copied into each run's workdir.
 
 Fixed ids: PAD_ID=0 (padding, and the decoder's start symbol), EOS_ID=1 (ends every sentence),
 UNK_ID=2; there is no beginning-of-sentence id. The text is kept as written (no NFKC rewriting), and
@@ -6,6 +7,7 @@ characters the training text lacks are spelled as UTF-8 bytes (256 byte pieces),
 back any input exactly, never the unknown symbol.
 """
 
+import hashlib
 import io
 import os
 import time
@@ -30,6 +32,7 @@ class Vocabulary:
   """Text <-> token ids; `encode` adds no EOS, `decode` stops at the first EOS and skips padding."""
 
   def __init__(self, model_proto: bytes):
+    self.model_proto = model_proto
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
 
   @property
@@ -39,8 +42,8 @@ class Vocabulary:
   def encode(self, text: str) -> list[int]:
     return self._processor.encode(text)
 
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    return self._processor.encode(texts, num_threads=os.cpu_count())
+  def encode_batch(self, texts: list[str], add_eos: bool = False) -> list[list[int]]:
+    return self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
 
   def pieces(self, ids) -> list[str]:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
@@ -53,9 +56,9 @@ class Vocabulary:
     return self._processor.decode([i for i in ids if i != PAD_ID])
 
 
-def train_model(config: ml_collections.ConfigDict) -> bytes:
-  """A SentencePiece model proto trained on both sides of up to vocab_sample_size training pairs."""
-  corpus = sources.load_split(config, 'train')
+def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> bytes:
+  """A SentencePiece model proto trained on both sides of up to vocab_sample_size pairs of the
+  training `corpus`."""
   size = min(len(corpus), config.vocab_sample_size)
   indices = np.sort(np.random.default_rng(config.seed).choice(len(corpus), size, replace=False))
   source_texts, target_texts = corpus.texts(indices.tolist())
@@ -75,19 +78,41 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
   return model.getvalue()
 
 
+def stored_path(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> str:
+  """Where the vocabulary of `corpus` (the training split) and these settings is kept for every
+  run: beside the prepared data, under a hash of both."""
+  key = hashlib.sha256('\0'.join(map(str, (
+      corpus.digest, config.vocab_size, config.vocab_model_type, config.vocab_sample_size,
+      config.seed))).encode()).hexdigest()
+  return os.path.join(sources.prepared_dir(config), 'vocabularies', key[:16], 'sentencepiece.model')
+
+
+def load_or_train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> bytes:
+  """The model proto of the vocabulary of `corpus` (config's training split) and config's
+  settings: the stored one, or trained and stored first."""
+  path = stored_path(config, corpus)
+  if epath.Path(path).exists():
+    logging.info('vocabulary read from %s', path)
+    return epath.Path(path).read_bytes()
+  began = time.time()
+  model = train_model(config, corpus)
+  write_atomically(path, model)
+  logging.info('vocabulary trained in %.1f s: %s', time.time() - began, path)
+  return model
+
+
 def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
                              process_index: int | None = None) -> Vocabulary:
-  """The vocabulary in `<workdir>/vocab/`; process 0 trains it there first, other hosts wait."""
+  """The vocabulary in `<workdir>/vocab/`: process 0 puts it there first (the stored one, or
+  trained and stored: `load_or_train_model`); other hosts wait for it."""
   path = os.path.join(workdir, MODEL_FILE)
   if process_index is None:
     process_index = jax.process_index()
   if not epath.Path(path).exists():
     if process_index == 0:
-      began = time.time()
-      write_atomically(path, train_model(config))
-      logging.info('vocabulary trained in %.1f s: %s', time.time() - began, path)
+      write_atomically(path, load_or_train_model(config, sources.load_split(config, 'train')))
     else:
-      logging.info('waiting for process 0 to train the vocabulary: %s', path)
+      logging.info('waiting for process 0 to write the vocabulary: %s', path)
       deadline = time.time() + WAIT_SECS
       while not epath.Path(path).exists():
         if time.time() > deadline:

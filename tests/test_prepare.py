@@ -1,0 +1,190 @@
+"""Data prepared once: token ids stored per (source, vocabulary), prepare.py, and what a failed
+download says."""
+
+import json
+import logging
+import os
+import re
+
+import numpy as np
+import pytest
+import requests
+import tensorflow_datasets as tfds
+from tensorflow_datasets.core.download import downloader
+
+from configs import default
+from tests.conftest import error_line, run_script
+from tests.test_data import text_config
+from transformer import config as config_lib
+from transformer import data
+from transformer.data import prepare, sources, token_store, vocabulary
+
+
+@pytest.fixture
+def text_run(tmp_path):
+  """A dataset='text' config with its own prepared-data directory, and its vocabulary."""
+  config = text_config(tmp_path, tfds_data_dir=str(tmp_path / 'prepared'))
+  return config, data.load_or_train_vocabulary(config, str(tmp_path / 'run'))
+
+
+def said(caplog) -> list[str]:
+  return [r.getMessage() for r in caplog.records]
+
+
+def test_token_ids_are_stored_once_and_read_back_without_the_text(text_run, monkeypatch, caplog):
+  config, vocab = text_run
+  corpus = sources.load_split(config, 'train')
+  with caplog.at_level(logging.INFO, logger='absl'):
+    stored = token_store.load_or_tokenize(config, corpus, vocab)
+  directory = token_store.store_dir(config, corpus, vocab)
+  assert any(re.fullmatch(rf'.*: 600 pairs tokenized in [\d.]+ s, stored in {directory} .*', m)
+             for m in said(caplog))
+  assert sorted(os.listdir(directory)) == ['info.json', 'source_lengths.npy', 'source_tokens.npy',
+                                           'target_lengths.npy', 'target_tokens.npy']
+  info = json.loads(open(os.path.join(directory, 'info.json')).read())
+  assert (info['pairs'], info['corpus_digest']) == (600, corpus.digest)
+  # Every pair's ids are the vocabulary's, each side ending in EOS, in corpus order.
+  texts = corpus.texts(range(len(corpus)))
+  for k in range(600):
+    for ragged, text in zip((stored.sources, stored.targets), texts):
+      assert ragged[k].tolist() == vocab.encode(text[k]) + [data.EOS_ID]
+  assert stored.sources.flat.dtype == np.uint16  # 352 pieces fit
+  assert token_store.token_dtype(2**16) == np.uint16 and token_store.token_dtype(2**16 + 1) == (
+      np.int32)
+
+  # Read back: neither the text nor the tokenizer is used.
+  def fail(*args, **kwargs):
+    raise AssertionError('read the text or tokenized again')
+
+  monkeypatch.setattr(sources.Corpus, 'texts', fail)
+  monkeypatch.setattr(vocabulary.Vocabulary, 'encode_batch', fail)
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger='absl'):
+    again = token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab)
+  assert said(caplog) == [f'{corpus.name}: token ids read from {directory}']
+  for old, new in ((stored.sources, again.sources), (stored.targets, again.targets)):
+    np.testing.assert_array_equal(old.flat, new.flat)
+    np.testing.assert_array_equal(old.lengths, new.lengths)
+  data.train_batches(config, vocab, num_devices=2)  # the batcher reads the store too
+
+
+def test_a_changed_source_or_vocabulary_is_tokenized_anew(text_run, tmp_path):
+  config, vocab = text_run
+  corpus = sources.load_split(config, 'train')
+  token_store.load_or_tokenize(config, corpus, vocab)
+  lines = (tmp_path / 'train.de').read_text().splitlines()
+  lines[5] = 'GEÄNDERT'
+  (tmp_path / 'train.de').write_text(''.join(f'{line}\n' for line in lines))
+  changed = sources.load_split(config, 'train')
+  assert changed.digest != corpus.digest
+  assert token_store.store_dir(config, changed, vocab) != token_store.store_dir(config, corpus,
+                                                                                vocab)
+  tokenized = token_store.load_or_tokenize(config, changed, vocab)
+  assert tokenized.targets[5].tolist() == vocab.encode('GEÄNDERT') + [data.EOS_ID]
+  # Another vocabulary of the same text has its own store.
+  other = config.copy_and_resolve_references()
+  other.vocab_size = 320
+  other_vocab = data.Vocabulary(vocabulary.train_model(other, changed))
+  assert token_store.store_dir(config, changed, other_vocab) != token_store.store_dir(
+      config, changed, vocab)
+
+
+def test_a_store_left_incomplete_is_written_again(text_run, caplog):
+  config, vocab = text_run
+  corpus = sources.load_split(config, 'validation')
+  first = token_store.load_or_tokenize(config, corpus, vocab)
+  directory = token_store.store_dir(config, corpus, vocab)
+  os.remove(os.path.join(directory, 'info.json'))  # as if the run stopped before writing it
+  with open(os.path.join(directory, 'source_tokens.npy'), 'wb') as f:
+    f.write(b'half a file')
+  with caplog.at_level(logging.INFO, logger='absl'):
+    again = token_store.load_or_tokenize(config, corpus, vocab)
+  assert any('pairs tokenized in' in m for m in said(caplog))
+  np.testing.assert_array_equal(again.sources.flat, first.sources.flat)
+  assert sorted(os.listdir(directory)) == ['info.json', 'source_lengths.npy', 'source_tokens.npy',
+                                           'target_lengths.npy', 'target_tokens.npy']
+
+
+def test_prepare_then_train_reads_the_vocabulary_and_token_ids(tmp_path):
+  """prepare.py on dataset='text' files; train.py in a new workdir then prepares nothing."""
+  config = text_config(tmp_path)  # writes the files
+  prepared = tmp_path / 'prepared'
+  args = ['--config.dataset=text', f'--config.train_files={config.train_files}',
+          f'--config.validation_files={config.validation_files}', '--config.vocab_size=352',
+          '--config.max_length=32', '--config.tokens_per_batch=512',
+          f'--config.tfds_data_dir={prepared}']
+  result = run_script('prepare.py', '--config=configs/tiny.py', *args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert re.fullmatch(rf'vocabulary \(352 pieces\): {prepared}/vocabularies/\w+/'
+                      'sentencepiece.model', lines[0])
+  assert [line.split(':')[0] for line in lines[1:]] == [
+      f'{tmp_path}/train.{{lang}} (train)', f'{tmp_path}/validation.{{lang}} (validation)']
+  assert re.search(r': 600 pairs, [\d,]+ tokens: ', lines[1])
+  assert 'tokenized' in result.stderr
+  again = run_script('prepare.py', '--config=configs/tiny.py', *args)
+  assert again.stdout == result.stdout and 'tokenized' not in again.stderr
+
+  run = run_script('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path / "run"}',
+                   *args, '--config.num_train_steps=2', '--config.eval_every_steps=2',
+                   '--config.checkpoint_every_steps=0')
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert 'vocabulary read from' in run.stderr and 'vocabulary trained' not in run.stderr
+  assert run.stderr.count('token ids read from') == 2  # train and validation
+  assert 'tokenized' not in run.stderr
+
+
+def test_prepare_a_tfds_dataset_with_mock_data(tmp_path):
+  config = default.get_config()
+  config.update(vocab_size=320, max_length=32, tokens_per_batch=256, vocab_sample_size=200,
+                tfds_data_dir=str(tmp_path))
+  config_lib.validate(config)
+  with tfds.testing.mock_data(num_examples=120):
+    summary = prepare.prepare(config)
+    assert summary[0].startswith(f'vocabulary (320 pieces): {tmp_path}/vocabularies/')
+    assert [line.split(':')[0] for line in summary[1:]] == [
+        f'wmt14_translate/de-en ({split})' for split in ('train', 'validation', 'test')]
+    vocab = data.load_or_train_vocabulary(config, str(tmp_path / 'run'))
+    for split in ('train', 'validation', 'test'):
+      corpus = sources.load_split(config, split)
+      assert os.path.exists(os.path.join(token_store.store_dir(config, corpus, vocab),
+                                         'info.json'))
+
+
+def test_a_failed_download_names_the_files_to_fetch_by_hand(tmp_path, monkeypatch):
+  def no_network(url, **kwargs):
+    raise requests.ConnectionError(f'no route to {url}')
+
+  monkeypatch.setattr(downloader, '_open_url', no_network)
+  config = default.get_config()
+  config.update(tfds_data_dir=str(tmp_path / 'tfds'))
+  with pytest.raises(data.DataError) as error:
+    prepare.prepare(config)
+  message = str(error.value)
+  assert message.startswith('wmt14_translate/de-en/1.0.0: a download failed (ConnectionError: '
+                            'no route to http')
+  assert 'fetch its files by hand into one directory and pass it as --config.manual_dir=DIR' in (
+      message)
+  for url in ('http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz (77 MiB)',
+              'http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz (876 MiB)',
+              'http://data.statmt.org/wmt19/translation-task/dev.tgz (37 MiB)'):
+    assert url in message
+
+  # Files put in manual_dir are taken instead, and checked against TFDS's checksums.
+  manual = tmp_path / 'manual'
+  manual.mkdir()
+  for name in ('dev.tgz', 'training-parallel-commoncrawl.tgz', 'training-parallel-europarl-v7.tgz',
+               'training-parallel-nc-v9.tgz', 'wiki-titles.tgz'):
+    (manual / name).write_bytes(b'not the archive')
+  config.manual_dir = str(manual)
+  with pytest.raises(data.DataError, match=re.escape(
+      f'does not match its registered checksum (check the copies in config.manual_dir='
+      f"'{manual}'")):
+    prepare.prepare(config)
+
+
+def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):
+  result = run_script('prepare.py', '--config=configs/tiny.py', '--config.dataset=text',
+                      f'--config.train_files={tmp_path}/absent.{{lang}}')
+  assert error_line(result) == (f'prepare.py: {tmp_path}/absent.en: no such file; check '
+                                'config.train_files (one sentence per line, optional .gz)')

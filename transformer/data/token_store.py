@@ -1,0 +1,135 @@
+"""Each split tokenized once per (source data, vocabulary), stored beside the prepared data, and
+read back by every later run, host and resume.
+
+A split's store is `<prepared dir>/tokens/<key>/` (sources.prepared_dir): for each side, the
+token ids of all pairs in corpus order, each pair's ending in EOS, concatenated
+(`{side}_tokens.npy`: uint16 where the vocabulary fits, else int32), and each pair's length
+(`{side}_lengths.npy`); `info.json`, written last, marks it complete. The key hashes the corpus's
+digest and the vocabulary's model, so a changed source or vocabulary is tokenized anew and never
+read from an earlier store. Written by hand: the store is two flat arrays per side that numpy
+memory-maps, which the batcher gathers per shard with no per-pair Python.
+"""
+
+import dataclasses
+import hashlib
+import io
+import itertools
+import json
+import os
+import time
+
+import numpy as np
+from absl import logging
+from etils import epath
+
+from transformer.data import sources
+from transformer.data.vocabulary import Vocabulary
+from transformer.files import is_remote, open_atomically, write_atomically
+
+CHUNK = 100_000  # pairs read and tokenized at a time
+SIDES = ('source', 'target')
+
+
+class Ragged:
+  """Sequences of different lengths, stored flat: `ragged[i]` is sequence i."""
+
+  def __init__(self, flat: np.ndarray, lengths: np.ndarray):
+    self.flat, self.lengths = flat, lengths
+    self.offsets = np.concatenate([[0], np.cumsum(lengths)])
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    return self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+  def subset(self, indices: np.ndarray) -> 'Ragged':
+    """The sequences at `indices` (ascending), copied out in one vectorised gather."""
+    chosen = np.zeros(len(self.lengths), bool)
+    chosen[indices] = True
+    return Ragged(np.asarray(self.flat[np.repeat(chosen, self.lengths)]),
+                  np.asarray(self.lengths[indices]))
+
+
+@dataclasses.dataclass
+class Tokenized:
+  """All pairs of a split as token ids, EOS included; an empty side is just [EOS]."""
+
+  name: str
+  sources: Ragged
+  targets: Ragged
+
+  def __len__(self) -> int:
+    return len(self.sources.lengths)
+
+
+def token_dtype(vocab_size: int) -> type:
+  return np.uint16 if vocab_size <= 2**16 else np.int32
+
+
+def store_dir(config, corpus: sources.Corpus, vocab: Vocabulary) -> str:
+  """Where `corpus`'s token ids under `vocab` are stored."""
+  key = hashlib.sha256(f'{corpus.digest}\0'.encode() + vocab.model_proto).hexdigest()
+  return os.path.join(sources.prepared_dir(config), 'tokens', key[:16])
+
+
+def tokenize(corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
+  """Every pair of `corpus` as token ids (ids of a chunk of pairs at a time, on all CPU cores),
+  logging its progress."""
+  dtype = token_dtype(vocab.vocab_size)
+  pieces = {side: ([], []) for side in SIDES}  # side -> (token chunks, length chunks)
+  began, logged = time.time(), 0
+  for start in range(0, len(corpus), CHUNK):
+    texts = corpus.texts(range(start, min(start + CHUNK, len(corpus))))
+    for side, side_texts in zip(SIDES, texts):
+      ids = vocab.encode_batch(side_texts, add_eos=True)
+      lengths = np.fromiter(map(len, ids), np.int32, len(ids))
+      tokens, chunk_lengths = pieces[side]
+      tokens.append(np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())))
+      chunk_lengths.append(lengths)
+    done = min(start + CHUNK, len(corpus))
+    if len(corpus) > CHUNK and 10 * done // len(corpus) > logged:
+      logged = 10 * done // len(corpus)
+      secs = time.time() - began
+      logging.info('%s: tokenized %d/%d pairs in %.0f s (%.0f pairs/s)', corpus.name, done,
+                   len(corpus), secs, done / max(secs, 1e-9))
+  return Tokenized(corpus.name, *(
+      Ragged(np.concatenate([np.zeros(0, dtype), *tokens]),
+             np.concatenate([np.zeros(0, np.int32), *lengths]))
+      for tokens, lengths in pieces.values()))
+
+
+def _save(path: str, array: np.ndarray):
+  with open_atomically(path) as f:
+    np.save(f, array)
+
+
+def _load(path: str) -> np.ndarray:
+  if is_remote(path):
+    return np.load(io.BytesIO(epath.Path(path).read_bytes()))
+  return np.load(path, mmap_mode='r')  # pages are read as the shards gather them
+
+
+def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
+  """`corpus`'s token ids: read from its store, or tokenized and stored there first.
+
+  Hosts that find no store each tokenize and write it; the files are written whole
+  (`open_atomically`) and alike, so a host never reads a part of one.
+  """
+  directory = store_dir(config, corpus, vocab)
+  info = os.path.join(directory, 'info.json')
+  if epath.Path(info).exists():
+    logging.info('%s: token ids read from %s', corpus.name, directory)
+    return Tokenized(corpus.name, *(
+        Ragged(_load(os.path.join(directory, f'{side}_tokens.npy')),
+               _load(os.path.join(directory, f'{side}_lengths.npy'))) for side in SIDES))
+  began = time.time()
+  tokenized = tokenize(corpus, vocab)
+  for side, ragged in zip(SIDES, (tokenized.sources, tokenized.targets)):
+    _save(os.path.join(directory, f'{side}_tokens.npy'), ragged.flat)
+    _save(os.path.join(directory, f'{side}_lengths.npy'), ragged.lengths)
+  size = sum(r.flat.nbytes + r.lengths.nbytes for r in (tokenized.sources, tokenized.targets))
+  write_atomically(info, json.dumps({
+      'corpus': corpus.name, 'corpus_digest': corpus.digest, 'pairs': len(tokenized),
+      'tokens': [int(r.flat.size) for r in (tokenized.sources, tokenized.targets)],
+      'bytes': size, 'seconds': round(time.time() - began, 1)}, indent=2))
+  logging.info('%s: %d pairs tokenized in %.1f s, stored in %s (%.0f MiB)', corpus.name,
+               len(tokenized), time.time() - began, directory, size / 2**20)
+  return tokenized
