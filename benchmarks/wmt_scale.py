@@ -1,21 +1,28 @@
-r"""What a WMT-sized corpus costs train.py before its first step: a first start and a resume.
+r"""What a WMT-sized corpus costs before training's first step: prepare.py, a first start with the
+data prepared, one without, and a resume.
 
   python -m benchmarks.wmt_scale [--pairs=4500000] [--data_dir=/tmp/wmt_scale] [--name=wmt_scale]
 
 Generates (once, into --data_dir) gzipped parallel text of --pairs training pairs with WMT14
 EN-DE-like sentence lengths (lognormal, median 20 words, 1-150) over a Zipf-distributed lexicon of
 100,000 made-up words, the German side the same sentence in another spelling, and 3,000 pairs
-each of validation and test. Then runs configs/wmt14.py:base,en-de on it (dataset='text'; its
-vocabulary, batch and lengths, the model shrunk to 1+1 layers of d_model 64: SMALL_MODEL) twice
-in one workdir: a first start (vocabulary, tokenization, compilation into a fresh compilation
-cache) to its first step, and a resume from the checkpoint it left to one more step; each run is
-stopped by a SIGTERM once its step is logged (it saves first). From each run's log it
-reads the seconds from the process's start to: the vocabulary trained, the training batches
-ready, and the first step logged; and the process's peak resident memory. Writes
-benchmarks/results/<name>.{json,md}.
+each of validation and test. Then, with configs/wmt14.py:base,en-de on it (dataset='text'; its
+vocabulary, batch and lengths, the model shrunk to 1+1 layers of d_model 64: SMALL_MODEL):
+1. prepare.py into an empty prepared-data directory A (vocabulary and token ids);
+2. train.py in a new workdir with A: a first start with the data prepared;
+3. train.py with an empty directory B: a first start that prepares everything itself, and
+   compiles into a fresh compilation cache;
+4. train.py again in 3's workdir: a resume from the checkpoint 3 left.
+Each train.py run is stopped by a SIGTERM once its first step is logged (it saves first). From
+each run's log it reads the seconds from the process's start to: the vocabulary ready (trained or
+read), the training split's token ids ready (tokenized or read), the training batches ready, and
+the first step logged; and the process's peak resident memory; and the stored token ids' size.
+Writes benchmarks/results/<name>.{json,md}.
 """
 
+import glob
 import gzip
+import json
 import os
 import re
 import signal
@@ -38,7 +45,8 @@ SMALL_MODEL = ['--config.model.d_model=64', '--config.model.d_ff=128', '--config
                '--config.model.num_encoder_layers=1', '--config.model.num_decoder_layers=1']
 CHUNK = 100_000  # sentences generated at a time
 # Log lines that end a phase, and the phase's name.
-MARKS = {'vocabulary': r'vocabulary trained in|trainer.py:\d+\] model:',
+MARKS = {'vocabulary': r'vocabulary (trained in|read from)',
+         'tokens': r'\(train\): (\d+ pairs tokenized in|token ids read from)',
          'batches': r'batching.py:\d+\] .* \(train\): \d+ batches',
          'first_step': r'trainer.py:\d+\] step \d+/'}
 
@@ -71,11 +79,12 @@ def generate(directory: str, pairs: int, seed: int = 0):
       os.replace(paths[lang] + '.tmp', paths[lang])
 
 
-def timed_run(args: list[str]) -> dict:
-  """Runs train.py up to its first step, then stops it as a preemption would (SIGTERM: it saves
-  a checkpoint and exits); seconds from its start to each of MARKS, and its peak memory (GiB)."""
+def timed_run(script: str, args: list[str]) -> dict:
+  """Runs `script`; a train.py run up to its first step, then stopped as a preemption would
+  (SIGTERM: it saves a checkpoint and exits). Seconds from its start to each of MARKS it logs, and
+  its peak memory (GiB)."""
   began = time.time()
-  process = subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
+  process = subprocess.Popen([sys.executable, script, *args], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   seconds, lines = {}, []
   for line in process.stdout:
@@ -89,9 +98,20 @@ def timed_run(args: list[str]) -> dict:
         if name == 'first_step':
           process.send_signal(signal.SIGTERM)
   _, status, usage = os.wait4(process.pid, 0)
-  if status or 'first_step' not in seconds:
-    raise RuntimeError(f'train.py failed:\n{"".join(lines)[-3000:]}')
-  return {**seconds, 'peak_memory_gib': usage.ru_maxrss * 1024 / 2**30}  # ru_maxrss: KiB
+  if status or (script == 'train.py' and 'first_step' not in seconds):
+    raise RuntimeError(f'{script} failed:\n{"".join(lines)[-3000:]}')
+  return {**seconds, 'total': time.time() - began,
+          'peak_memory_gib': usage.ru_maxrss * 1024 / 2**30}  # ru_maxrss: KiB
+
+
+def stored_bytes(prepared: str) -> dict:
+  """The training split's stored token ids: pairs, tokens of both sides, bytes on disk."""
+  for info in glob.glob(os.path.join(prepared, 'tokens', '*', 'info.json')):
+    with open(info, encoding='utf-8') as f:
+      stored = json.load(f)
+    if stored['corpus'].endswith('(train)'):
+      return {key: stored[key] for key in ('pairs', 'tokens', 'bytes')}
+  raise RuntimeError(f'no stored training split in {prepared}')
 
 
 def main(argv):
@@ -101,34 +121,48 @@ def main(argv):
   generate_secs = time.time() - began
   data = FLAGS.data_dir
   with tempfile.TemporaryDirectory() as work:
-    args = ['--config=configs/wmt14.py:base,en-de', f'--workdir={work}/run',
-            '--config.dataset=text', f'--config.train_files={data}/train.{{lang}}.gz',
-            f'--config.validation_files={data}/validation.{{lang}}.gz',
-            f'--config.test_files={data}/test.{{lang}}.gz', '--config.log_every_steps=1',
-            '--config.eval_every_steps=0', '--config.bleu_every_steps=0', *SMALL_MODEL,
-            f'--config.compilation_cache_dir={work}/cache']
-    first = timed_run(args + ['--config.num_train_steps=1'])
-    resume = timed_run(args + ['--config.num_train_steps=2'])
-  results = {'machine': machine(), 'pairs': FLAGS.pairs, 'generate_secs': generate_secs,
-             'first_start': first, 'resume': resume}
+    config = ['--config=configs/wmt14.py:base,en-de', '--config.dataset=text',
+              f'--config.train_files={data}/train.{{lang}}.gz',
+              f'--config.validation_files={data}/validation.{{lang}}.gz',
+              f'--config.test_files={data}/test.{{lang}}.gz', *SMALL_MODEL]
+    train = lambda prepared, run, steps: timed_run('train.py', config + [
+        f'--config.tfds_data_dir={work}/{prepared}', f'--workdir={work}/{run}',
+        '--config.log_every_steps=1', '--config.eval_every_steps=0',
+        '--config.bleu_every_steps=0', f'--config.compilation_cache_dir={work}/cache',
+        f'--config.num_train_steps={steps}'])
+    results = {
+        'machine': machine(), 'pairs': FLAGS.pairs, 'generate_secs': generate_secs,
+        'prepare': timed_run('prepare.py', config + [f'--config.tfds_data_dir={work}/a']),
+        'stored': stored_bytes(f'{work}/a'),
+        'first_start_prepared': train('a', 'prepared_run', 1),
+        'first_start': train('b', 'run', 1),
+        'resume': train('b', 'run', 2)}
   write_results(FLAGS.output, FLAGS.name, results, markdown(results))
 
 
 def markdown(r: dict) -> str:
-  row = lambda name, x: (f'| {name} | {x.get("vocabulary", float("nan")):.0f} | '
-                         f'{x.get("batches", float("nan")):.0f} | '
-                         f'{x.get("first_step", float("nan")):.0f} | '
-                         f'{x["peak_memory_gib"]:.1f} |')
+  cell = lambda x, name: f'{x[name]:.0f}' if name in x else '-'
+  row = lambda name, x: (f'| {name} | {cell(x, "vocabulary")} | {cell(x, "tokens")} | '
+                         f'{cell(x, "batches")} | {cell(x, "first_step")} | '
+                         f'{x["total"]:.0f} | {x["peak_memory_gib"]:.1f} |')
+  stored = r['stored']
   return '\n'.join([
       f'configs/wmt14.py:base,en-de (model shrunk) on {r["pairs"]:,} generated pairs '
       f'(dataset=text) on {machine_name(r["machine"])}: seconds from the process start to each '
       'point of its log, and its peak resident memory (`python -m benchmarks.wmt_scale`).',
       '',
-      '| run | vocabulary ready (s) | training batches ready (s) | first step (s) | '
-      'peak memory (GiB) |',
-      '| --- | --- | --- | --- | --- |',
-      row('first start (vocabulary trained, compilation cache empty)', r['first_start']),
-      row('resume (vocabulary read, compilation cached)', r['resume'])]) + '\n'
+      '| run | vocabulary ready (s) | training token ids ready (s) | training batches ready '
+      '(s) | first step (s) | whole run (s) | peak memory (GiB) |',
+      '| --- | --- | --- | --- | --- | --- | --- |',
+      row('prepare.py (vocabulary trained, every split tokenized)', r['prepare']),
+      row('train.py, first start, data prepared (compilation cache empty)',
+          r['first_start_prepared']),
+      row('train.py, first start, nothing prepared (compilation cached)', r['first_start']),
+      row('train.py, resume (compilation cached)', r['resume']),
+      '',
+      f'Stored training token ids: {stored["pairs"]:,} pairs, {sum(stored["tokens"]):,} tokens, '
+      f'{stored["bytes"] / 2**20:,.0f} MiB ({stored["bytes"] / sum(stored["tokens"]):.2f} bytes '
+      'per token with the lengths).']) + '\n'
 
 
 if __name__ == '__main__':  # flags here: the tests import generate() beside other benchmarks

@@ -4,6 +4,7 @@ corpus."""
 
 import gzip
 import json
+import os
 import types
 
 import jax
@@ -162,3 +163,20 @@ def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
   before = (tmp_path / 'train.en.gz').stat().st_mtime_ns
   wmt_scale.generate(str(tmp_path), pairs=3000)  # there already: left as it is
   assert (tmp_path / 'train.en.gz').stat().st_mtime_ns == before
+
+
+def test_the_wmt_scale_table_is_its_results_file():
+  results = os.path.join(os.path.dirname(wmt_scale.__file__), 'results', 'wmt_scale')
+  with open(f'{results}.json', encoding='utf-8') as f:
+    table = wmt_scale.markdown(json.load(f))
+  with open(f'{results}.md', encoding='utf-8') as f:
+    assert f.read() == table
+  # The goals: a resume reaches its first step within 60 s, a first start within 15 minutes,
+  # in at most 8 GiB, with the token ids stored in about 2 bytes each.
+  with open(f'{results}.json', encoding='utf-8') as f:
+    measured = json.load(f)
+  assert measured['pairs'] == 4_500_000 and measured['resume']['first_step'] <= 60
+  assert measured['first_start']['first_step'] <= 15 * 60
+  assert max(run['peak_memory_gib'] for run in (measured['prepare'], measured['first_start'],
+                                                 measured['resume'])) <= 8
+  assert measured['stored']['bytes'] < 2.2 * sum(measured['stored']['tokens'])
