@@ -1,6 +1,6 @@
 r"""Averages the parameters of a run's last N checkpoints into a new workdir.
 
-  python average_checkpoints.py --workdir=DIR --last=5 --output_workdir=OUT
+  python average_checkpoints.py --workdir=DIR --average_last=5 --output_dir=OUT
   python eval.py --workdir=OUT --output_dir=OUT/eval
 
 OUT gets the run's config.json (with average_last=1: its one checkpoint is already the average)
@@ -21,10 +21,11 @@ from transformer.data import vocabulary
 from transformer.files import write_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average.')
-_LAST = flags.DEFINE_integer('last', 5, 'How many of the newest checkpoints (paper: 5 base, 20 '
-                             'big).')
-_OUTPUT_WORKDIR = flags.DEFINE_string('output_workdir', None, 'New directory for the average.')
-flags.mark_flags_as_required(['workdir', 'output_workdir'])
+_AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'How many of the newest checkpoints '
+                                     "(default: the config's average_last, as the paper "
+                                     'evaluates: 5 for base, 20 for big).')
+_OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'New workdir for the average.')
+flags.mark_flags_as_required(['workdir', 'output_dir'])
 
 
 def main(argv):
@@ -32,16 +33,17 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
-    steps = checkpoints.write_average(_WORKDIR.value, _OUTPUT_WORKDIR.value, config, _LAST.value)
+    last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
+    steps = checkpoints.write_average(_WORKDIR.value, _OUTPUT_DIR.value, config, last)
   except (config_lib.ConfigError, checkpoints.CheckpointError) as error:
     sys.exit(f'average_checkpoints.py: {error}')
   averaged_config = json.loads(config.to_json())
   averaged_config['average_last'] = 1
-  write_atomically(os.path.join(_OUTPUT_WORKDIR.value, 'config.json'),
+  write_atomically(os.path.join(_OUTPUT_DIR.value, 'config.json'),
                    json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
-  write_atomically(os.path.join(_OUTPUT_WORKDIR.value, vocabulary.MODEL_FILE),
+  write_atomically(os.path.join(_OUTPUT_DIR.value, vocabulary.MODEL_FILE),
                    epath.Path(_WORKDIR.value, vocabulary.MODEL_FILE).read_bytes())
-  print(f'averaged steps {steps} into {_OUTPUT_WORKDIR.value}')
+  print(f'averaged steps {steps} into {_OUTPUT_DIR.value}')
 
 
 if __name__ == '__main__':

@@ -249,3 +249,19 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   tiny_config = tiny.get_config()
   trainer.check_and_write_config(tiny_config, str(tmp_path))  # resumes: no conflicting key
   assert config_lib.load_workdir_config(str(tmp_path)) == tiny_config
+
+
+def test_the_multi30k_config_quotes_its_measured_results():
+  """The figures in configs/multi30k.py's docstring and the README's results table are those of
+  the recipe's row in benchmarks/results/multi30k.json."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'multi30k.json'), encoding='utf-8') as f:
+    recipe = json.load(f)['recipe']
+  test, validation = recipe['splits']['test'], recipe['splits']['validation']
+  quoted = (f'{recipe["train_minutes"]:.1f} minutes of training; test2016 sacreBLEU '
+            f'{test["sacrebleu"]:.2f} (paper BLEU {test["bleu_paper"]:.2f}), validation '
+            f'{validation["sacrebleu"]:.2f}.')
+  assert quoted in ' '.join(multi30k.__doc__.split())
+  with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+    readme = f.read()
+  assert (f'| Multi30k, `configs/multi30k.py` | en-de | test2016 | {test["sacrebleu"]:.2f} | '
+          f'{test["bleu_paper"]:.2f} | {recipe["train_minutes"]:.1f} minutes |') in readme

@@ -103,8 +103,8 @@ def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_pat
 
 def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   out = str(tmp_path / 'averaged')
-  result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--last=2',
-                      f'--output_workdir={out}')
+  result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
+                      f'--output_dir={out}')
   assert result.returncode == 0, result.stderr[-3000:]
   config = config_lib.load_workdir_config(out)
   assert config.average_last == 1  # its one checkpoint is the average already
@@ -119,14 +119,14 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
 def test_translate_command_reads_stdin(workdir, tmp_path):
   config = config_lib.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')
-  result = run_script('-m', 'transformer.translate', f'--workdir={workdir}',
+  result = run_script('translate.py', f'--workdir={workdir}',
                       stdin=''.join(s + '\n' for s in sources[:5]))
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
   assert len(lines) == 5 and all(lines)
   # The same sentences as a file give the same translations.
   (tmp_path / 'in.txt').write_text(''.join(s + '\n' for s in sources[:5]), encoding='utf-8')
-  result = run_script('-m', 'transformer.translate', f'--workdir={workdir}',
+  result = run_script('translate.py', f'--workdir={workdir}',
                       f'--input={tmp_path / "in.txt"}', f'--output={tmp_path / "out.txt"}')
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / 'out.txt').read_text(encoding='utf-8').splitlines() == lines
@@ -159,11 +159,11 @@ def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
   bad.write_bytes(b'A man.\n\xff\xfe dog\n')
   good.write_text('Ein Mann.\nEin Hund.\n', encoding='utf-8')
   why = 'invalid UTF-8 (invalid start byte at byte 0); re-encode the text as UTF-8'
-  translate_command = ('-m', 'transformer.translate', f'--workdir={workdir}')
+  translate_command = ('translate.py', f'--workdir={workdir}')
   assert error_line(run_script(*translate_command, stdin=bad.read_bytes())) == (
-      f'translate: <stdin>:2: {why}')
+      f'translate.py: <stdin>:2: {why}')
   assert error_line(run_script(*translate_command, f'--input={bad}')) == (
-      f'translate: {bad}:2: {why}')
+      f'translate.py: {bad}:2: {why}')
   for source, reference in ((bad, good), (good, bad)):
     assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
                                  f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (

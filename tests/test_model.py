@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from configs import default, wmt14
-from transformer import attention
+from transformer import plots
 from transformer import config as config_lib
 from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count,
                                sinusoidal_encoding)
@@ -147,7 +147,7 @@ def test_sown_attention_weights_are_the_softmax_each_layer_used(name):
   packing = dict(source_positions=restart(source_segments), source_segment_ids=source_segments,
                  target_positions=restart(target_segments), target_segment_ids=target_segments)
   variables = init(cfg, sources, targets)
-  weights, logits = attention.attention_weights(cfg, variables['params'], sources, targets,
+  weights, logits = plots.attention_weights(cfg, variables['params'], sources, targets,
                                                 **packing)
   # Collecting them changes nothing the model computes.
   assert np.array_equal(logits, Transformer(cfg).apply(variables, sources, targets, **packing))

@@ -1,5 +1,6 @@
-"""Training curves (transformer.plots) and attention heatmaps (transformer.attention) of the tiny
-trained run: files written, not blank, labelled, and drawing the numbers they claim."""
+"""Training curves and attention heatmaps (transformer/plots.py, plot_curves.py,
+plot_attention.py) of the tiny trained run: files written, not blank, labelled, and drawing the
+numbers they claim."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import pytest
 from matplotlib import image as mpimg
 
 from conftest import error_line, run_script
-from transformer import attention, data, plots
+from transformer import data, plots
 from transformer import config as config_lib
 
 
@@ -27,7 +28,7 @@ def lines_of(ax) -> dict:
 
 def test_curves_draw_each_metric_against_step_and_hours(tiny_run, tmp_path):
   output = tmp_path / 'curves.png'
-  result = run_script('-m', 'transformer.plots', f'--workdir={tiny_run}', f'--output={output}')
+  result = run_script('plot_curves.py', f'--workdir={tiny_run}', f'--output={output}')
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'wrote {output}' in result.stdout
   assert_picture(output)
@@ -75,10 +76,10 @@ def test_curves_compare_runs_and_take_a_resumed_runs_last_rows(tmp_path):
     with open(tmp_path / name / 'metrics.jsonl', 'w') as f:
       f.writelines(json.dumps({k: v for k, v in r.items() if name == 'a' or k != 'time'}) + '\n'
                    for r in rows)
-  result = run_script('-m', 'transformer.plots', f'--workdir={tmp_path / "a"}',
+  result = run_script('plot_curves.py', f'--workdir={tmp_path / "a"}',
                       f'--workdir={tmp_path / "b"}')
   assert result.returncode == 0, result.stderr[-3000:]
-  assert 'plots: b logged no wall-clock times' in result.stderr
+  assert 'plot_curves.py: b logged no wall-clock times' in result.stderr
   assert_picture(tmp_path / 'a' / 'curves.png')
 
 
@@ -87,27 +88,27 @@ def test_curves_read_a_line_being_written_and_name_a_bad_one(tmp_path):
   path.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo', encoding='utf-8')
   assert plots.read_metrics(str(tmp_path)) == [{'step': 10, 'loss': 2.0}]
   path.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo\n{"step": 30}\n', encoding='utf-8')
-  result = run_script('-m', 'transformer.plots', f'--workdir={tmp_path}')
-  assert error_line(result).startswith(f'plots: {path}:2 is not JSON (')
+  result = run_script('plot_curves.py', f'--workdir={tmp_path}')
+  assert error_line(result).startswith(f'plot_curves.py: {path}:2 is not JSON (')
   path.write_text('[1, 2]\n', encoding='utf-8')
-  assert error_line(run_script('-m', 'transformer.plots', f'--workdir={tmp_path}')).startswith(
-      f'plots: {path}:1 is not a metrics row')
+  assert error_line(run_script('plot_curves.py', f'--workdir={tmp_path}')).startswith(
+      f'plot_curves.py: {path}:1 is not a metrics row')
   missing = tmp_path / 'nowhere'
-  assert error_line(run_script('-m', 'transformer.plots', f'--workdir={missing}')) == (
-      f'plots: {missing}/metrics.jsonl not found: --workdir takes a train.py workdir')
+  assert error_line(run_script('plot_curves.py', f'--workdir={missing}')) == (
+      f'plot_curves.py: {missing}/metrics.jsonl not found: --workdir takes a train.py workdir')
 
 
 @pytest.mark.slow
 def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
   sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
-  result = run_script('-m', 'transformer.attention', f'--workdir={tiny_run}',
+  result = run_script('plot_attention.py', f'--workdir={tiny_run}',
                       f'--sentence={sentence}', f'--output_dir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
-  for name in attention.KINDS:
+  for name in plots.KINDS:
     assert f'wrote {tmp_path / name}.png' in result.stdout
     assert_picture(tmp_path / f'{name}.png')
 
-  translation, figures = attention.pictures(tiny_run, sentence, None, None, None)
+  translation, figures = plots.attention_figures(tiny_run, sentence, None, None, None)
   assert f'translation: {translation}' in result.stdout
   vocab = data.load_vocabulary(config_lib.load_workdir_config(tiny_run), tiny_run)
   source = vocab.pieces(vocab.encode(sentence) + [data.EOS_ID])
@@ -134,10 +135,10 @@ def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
 
 
 def test_attention_errors_are_one_line(tiny_run, tmp_path):
-  assert error_line(run_script('-m', 'transformer.attention', f'--workdir={tiny_run}',
+  assert error_line(run_script('plot_attention.py', f'--workdir={tiny_run}',
                                '--sentence= ')) == (
-      'attention: --sentence is empty; give the sentence to translate')
+      'plot_attention.py: --sentence is empty; give the sentence to translate')
   missing = tmp_path / 'nowhere'
-  assert error_line(run_script('-m', 'transformer.attention', f'--workdir={missing}',
+  assert error_line(run_script('plot_attention.py', f'--workdir={missing}',
                                '--sentence=abc')) == (
-      f'attention: {missing}/config.json not found: --workdir must be a directory train.py wrote')
+      f'plot_attention.py: {missing}/config.json not found: --workdir must be a directory train.py wrote')

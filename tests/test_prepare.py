@@ -13,8 +13,8 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import downloader
 
 from configs import default
-from tests.conftest import error_line, run_script
-from tests.test_data import text_config
+from conftest import error_line, run_script
+from test_data import text_config
 from transformer import config as config_lib
 from transformer import data
 from transformer.data import prepare, sources, token_store, vocabulary

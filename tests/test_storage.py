@@ -132,13 +132,13 @@ def test_a_run_in_a_bucket_trains_resumes_evaluates_translates_and_averages(emul
   assert len(hypotheses) == 16
 
   # The translate command gives eval.py's translations (the same checkpoints and beam).
-  run(emulator_env, '-m', 'transformer.translate', f'--workdir={workdir}',
+  run(emulator_env, 'translate.py', f'--workdir={workdir}',
       f'--output={BUCKET}/translations.txt', stdin=''.join(f'{line}\n' for line in test_lines))
   assert epath.Path(f'{BUCKET}/translations.txt').read_text().splitlines() == hypotheses
 
   averaged = f'{BUCKET}/runs/averaged'
-  run(emulator_env, 'average_checkpoints.py', f'--workdir={workdir}', '--last=2',
-      f'--output_workdir={averaged}')
+  run(emulator_env, 'average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
+      f'--output_dir={averaged}')
   output = f'{BUCKET}/eval/averaged'
   run(emulator_env, 'eval.py', f'--workdir={averaged}', '--split=test', f'--output_dir={output}')
   assert epath.Path(f'{output}/hypotheses.txt').read_text().splitlines() == hypotheses

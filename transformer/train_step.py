@@ -23,9 +23,8 @@ TrainState = train_state.TrainState
 def initial_state(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> TrainState:
   """Parameters initialised from config.seed, and the optimizer's state, in the host's memory.
 
-  Made on the host's CPU (`jax_utils.replicate` copies it to the devices): a GPU compiles the
-  initialisers for seconds (an H100 took 8.3 s with an empty compilation cache), a CPU in a
-  fraction of that.
+  Made on the host's CPU (`jax_utils.replicate` copies it to the devices): a GPU spends seconds
+  compiling the initialisers, a CPU a fraction of that.
   """
   model = Transformer(model_config)
   init_model = Transformer(model_config.replace(attention_implementation='xla'))  # runs anywhere

@@ -1,10 +1,5 @@
-r"""Translation of raw sentences with a trained run, and the command for it.
-
-  python -m transformer.translate --workdir=DIR [--input=FILE] [--output=FILE]
-      [--average_last=N] [--beam_size=B] [--alpha=A]
-
-reads one sentence per line from --input (default: stdin) and writes one translation per line.
-"""
+"""Translation of raw sentences with a trained run: `Translator` (beam search over all local
+devices, sentences grouped by length) and `load` (a workdir's translator and parameters)."""
 
 import sys
 import time
@@ -13,13 +8,12 @@ import jax
 import ml_collections
 import numpy as np
 import tqdm
-from absl import app, flags, logging
+from absl import flags, logging
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
 from transformer import checkpoints, data, decode, metrics
 from transformer import config as config_lib
-from transformer.files import write_atomically
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
@@ -223,38 +217,3 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
   translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
                           config.alpha if alpha is None else alpha)
   return translator, jax_utils.replicate(params), config, steps
-
-
-def main(argv):
-  del argv
-  try:
-    config_lib.load_workdir_config(FLAGS.workdir)  # a wrong --workdir fails before stdin is read
-    # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
-    sentences = (data.read_lines(FLAGS.input) if FLAGS.input else
-                 data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
-    translator, params, _, steps = load(FLAGS.workdir, FLAGS.average_last, FLAGS.beam_size,
-                                        FLAGS.alpha)
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, OSError) as error:
-    sys.exit(f'translate: {error}')
-  began = time.time()
-  try:
-    translations = translator.translate(params, sentences, progress=True)
-  except data.DataError as error:
-    sys.exit(f'translate: {error}')
-  logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences), time.time() - began,
-               steps)
-  text = ''.join(t + '\n' for t in translations)
-  if FLAGS.output:
-    write_atomically(FLAGS.output, text)
-  else:
-    sys.stdout.write(text)
-
-
-if __name__ == '__main__':
-  flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, checkpoints/).')
-  flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
-  flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
-  define_decoding_flags()
-  flags.mark_flag_as_required('workdir')
-  FLAGS = flags.FLAGS
-  app.run(main)

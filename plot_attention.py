@@ -1,0 +1,48 @@
+r"""Attention heatmaps of one translation (transformer/plots.py, `attention_figures`).
+
+  python plot_attention.py --workdir=DIR --sentence="A man is riding a bicycle."
+      [--output_dir=D] [--average_last=N] [--beam_size=B] [--alpha=A]
+
+Writes D/encoder_self_attention.png, D/decoder_self_attention.png and D/cross_attention.png
+(default D: DIR/attention).
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+from transformer import checkpoints, data, plots, translate
+from transformer import config as config_lib
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
+                               'checkpoints/).')
+_SENTENCE = flags.DEFINE_string('sentence', None, 'The source sentence to translate and picture.')
+_OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the PNGs go (default: '
+                                  '<workdir>/attention).')
+_AVERAGE_LAST, _BEAM_SIZE, _ALPHA = translate.define_decoding_flags()
+flags.adopt_module_key_flags(translate)  # --helpshort lists them
+flags.mark_flags_as_required(['workdir', 'sentence'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if not _SENTENCE.value.strip():
+    sys.exit('plot_attention.py: --sentence is empty; give the sentence to translate')
+  try:
+    translation, figures = plots.attention_figures(_WORKDIR.value, _SENTENCE.value,
+                                                   _AVERAGE_LAST.value, _BEAM_SIZE.value,
+                                                   _ALPHA.value)
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError) as error:
+    sys.exit(f'plot_attention.py: {error}')
+  output_dir = _OUTPUT_DIR.value or os.path.join(_WORKDIR.value, 'attention')
+  print(f'translation: {translation}')
+  for name, figure in figures.items():
+    path = os.path.join(output_dir, f'{name}.png')
+    plots.save(figure, path)
+    print(f'wrote {path}')
+
+
+if __name__ == '__main__':
+  app.run(main)

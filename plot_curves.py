@@ -1,0 +1,39 @@
+r"""Training curves of train.py runs, from their metrics.jsonl (transformer/plots.py, `curves`).
+
+  python plot_curves.py --workdir=DIR [--workdir=DIR2 ...] [--output=curves.png]
+
+One PNG, written to --output, by default DIR/curves.png of the first workdir.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+from transformer import plots
+
+_WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'A train.py workdir (repeat to compare '
+                                      'runs).')
+_OUTPUT = flags.DEFINE_string('output', None, 'PNG to write (default: <first workdir>/curves.png).')
+flags.mark_flag_as_required('workdir')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  workdirs = _WORKDIRS.value
+  try:
+    runs = {name: plots.read_metrics(w) for name, w in zip(plots.run_names(workdirs), workdirs)}
+  except plots.PlotError as error:
+    sys.exit(f'plot_curves.py: {error}')
+  for name, rows in runs.items():
+    if rows and not any('time' in row for row in rows):
+      print(f'plot_curves.py: {name} logged no wall-clock times (a run from before they were '
+            'logged): its curves are against step only', file=sys.stderr)
+  output = _OUTPUT.value or os.path.join(workdirs[0], 'curves.png')
+  plots.save(plots.curves(runs), output)
+  print(f'wrote {output}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,55 @@
+r"""Translates sentences with a trained run: one sentence per line in, one translation per line out.
+
+  python translate.py --workdir=DIR [--input=FILE] [--output=FILE] [--average_last=N]
+      [--beam_size=B] [--alpha=A]
+
+reads --input (default: stdin) and writes --output (default: stdout), with the mean of the run's
+last average_last checkpoints and its beam search settings unless the flags say otherwise.
+"""
+
+import sys
+import time
+
+from absl import app, flags, logging
+
+from transformer import checkpoints, data, translate
+from transformer import config as config_lib
+from transformer.files import write_atomically
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
+                               'checkpoints/).')
+_INPUT = flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
+_OUTPUT = flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
+_AVERAGE_LAST, _BEAM_SIZE, _ALPHA = translate.define_decoding_flags()
+flags.adopt_module_key_flags(translate)  # --helpshort lists them
+flags.mark_flag_as_required('workdir')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    config_lib.load_workdir_config(_WORKDIR.value)  # a wrong --workdir fails before stdin is read
+    # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
+    sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
+                 data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
+    translator, params, _, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
+                                                  _BEAM_SIZE.value, _ALPHA.value)
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, OSError) as error:
+    sys.exit(f'translate.py: {error}')
+  began = time.time()
+  try:
+    translations = translator.translate(params, sentences, progress=True)
+  except data.DataError as error:
+    sys.exit(f'translate.py: {error}')
+  logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences), time.time() - began,
+               steps)
+  text = ''.join(t + '\n' for t in translations)
+  if _OUTPUT.value:
+    write_atomically(_OUTPUT.value, text)
+  else:
+    sys.stdout.write(text)
+
+
+if __name__ == '__main__':
+  app.run(main)
