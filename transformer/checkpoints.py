@@ -27,12 +27,26 @@ def _orbax_warnings_only(record) -> bool:
 
 
 def local_copy(tree):
-  """Host numpy copy of a tree replicated over devices (from this process's first device)."""
+  """A host copy of a tree replicated over devices.
+
+  Args:
+    tree: arrays with a leading device axis, as `jax.pmap` returns them.
+
+  Returns:
+    The same tree of numpy arrays, from this process's first device, without the device axis.
+  """
   return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)
 
 
 class Checkpoints:
-  """Saves asynchronously and keeps the `keep` most recent; restores any kept step."""
+  """A run's Orbax checkpoints in `<workdir>/checkpoints/<step>/`: each holds a state tree and a
+  JSON dict (step, data position, ...). Saves in the background, keeps the `keep` newest, restores
+  any kept step.
+
+  Args:
+    workdir: the run's directory, local or gs://.
+    keep: how many of the newest checkpoints to keep; None keeps all.
+  """
 
   def __init__(self, workdir: str, keep: int | None = None):
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
@@ -43,18 +57,38 @@ class Checkpoints:
                                              enable_async_checkpointing=True))
 
   def all_steps(self) -> list[int]:
+    """The steps of the kept checkpoints, oldest first."""
     return list(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
+    """The newest checkpoint's step, or None if there is none."""
     return self.manager.latest_step()
 
   def save(self, step: int, state_tree, meta: dict):
-    """Starts writing `state_tree` (a host copy) and `meta`; returns before the write finishes."""
+    """Starts writing a checkpoint; returns before the write finishes (`wait` waits for it).
+
+    Args:
+      step: the training step it is named by.
+      state_tree: a host copy of the state (`local_copy`).
+      meta: JSON-serialisable facts beside it (step, data position, ...).
+    """
     self.manager.save(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state_tree), META: ocp.args.JsonSave(meta)}), force=True)
 
   def restore(self, step: int, like):
-    """(state tree shaped as `like`, meta dict) of checkpoint `step`, as numpy arrays."""
+    """Reads checkpoint `step`.
+
+    Args:
+      step: one of `all_steps()`.
+      like: a tree of the state's shapes and dtypes (`state_shapes`).
+
+    Returns:
+      (the state tree as numpy arrays shaped as `like`, the meta dict).
+
+    Raises:
+      CheckpointError: a file of it is damaged or missing; the message names the directory and
+        the earlier checkpoint to fall back to.
+    """
     target = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), like)
     _drop_closed_loop_reports()
     try:
@@ -73,15 +107,24 @@ class Checkpoints:
             f'or missing ({type(error).__name__}: {reason}); {fix}')
 
   def mean_params(self, count: int, like) -> tuple[dict, list[int]]:
-    """(mean parameters of the newest `count` checkpoints, or of all if fewer are kept, and
-    their steps); `like` as in restore."""
+    """The mean parameters of the newest `count` checkpoints (all, if fewer are kept).
+
+    Args:
+      count: how many checkpoints to average.
+      like: as in `restore`.
+
+    Returns:
+      (the mean parameters, the steps averaged).
+    """
     chosen = self.all_steps()[-count:]
     return average([self.restore(step, like)[0]['params'] for step in chosen]), chosen
 
   def wait(self):
+    """Returns once every started save is written."""
     self.manager.wait_until_finished()
 
   def close(self):
+    """Waits for the saves and releases Orbax's resources."""
     self.manager.close()
 
 
@@ -106,7 +149,14 @@ class CheckpointError(RuntimeError):
 
 
 def average(trees: list):
-  """Element-wise mean of same-shaped trees (accumulated in float64)."""
+  """The element-wise mean of same-shaped trees, accumulated in float64.
+
+  Args:
+    trees: trees of numpy arrays with the same structure, shapes and dtypes.
+
+  Returns:
+    Their mean, in the trees' dtypes.
+  """
   total = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), trees[0])
   for tree in trees[1:]:
     total = jax.tree_util.tree_map(lambda t, x: t + x, total, tree)
@@ -114,16 +164,32 @@ def average(trees: list):
 
 
 def state_shapes(config):
-  """Shapes of {'params', 'opt_state'} for a config, computed without allocating them."""
+  """The shapes of a run's checkpointed state, computed without allocating it.
+
+  Args:
+    config: a validated experiment config.
+
+  Returns:
+    {'params': ..., 'opt_state': ...} of `jax.ShapeDtypeStruct`s, the `like` of `restore`.
+  """
   state = jax.eval_shape(lambda: train_step.initial_state(config, config_lib.model_config(config)))
   return {'params': state.params, 'opt_state': state.opt_state}
 
 
 def load_params(workdir: str, config, average_last: int | None = None):
-  """(parameters, steps): the mean of the last `average_last` checkpoints.
+  """The parameters to evaluate a run with: the mean of its last checkpoints, as the paper does.
 
-  By default config.average_last of them, as the paper evaluates, or all that are kept if fewer
-  (an unfinished run); an explicit `average_last` must not exceed what is kept.
+  Args:
+    workdir: a train.py workdir.
+    config: its config (`config.load_workdir_config`).
+    average_last: how many checkpoints to average; None: config.average_last, or all that are
+      kept if fewer (an unfinished run). An explicit number must not exceed what is kept.
+
+  Returns:
+    (the mean parameters as numpy arrays, the steps averaged).
+
+  Raises:
+    CheckpointError: no checkpoint, too few, or a damaged one; the message says what to do.
   """
   checkpoints = Checkpoints(workdir)
   try:
@@ -144,10 +210,22 @@ def load_params(workdir: str, config, average_last: int | None = None):
 
 
 def write_average(workdir: str, output_workdir: str, config, last: int) -> list[int]:
-  """Writes the mean parameters of the last `last` checkpoints as a checkpoint of its own.
+  """Writes the mean parameters of a run's last checkpoints as a checkpoint of a new workdir.
 
   It takes the newest checkpoint's step, optimizer state and data position, so the output can be
-  evaluated like any run, or trained on. Returns the steps averaged.
+  evaluated like any run, or trained on.
+
+  Args:
+    workdir: the run to average.
+    output_workdir: a directory without checkpoints, for the average.
+    config: the run's config.
+    last: how many of the newest checkpoints to average.
+
+  Returns:
+    The steps averaged.
+
+  Raises:
+    CheckpointError: as `load_params`, or `output_workdir` holds checkpoints already.
   """
   params, steps = load_params(workdir, config, last)
   source = Checkpoints(workdir)

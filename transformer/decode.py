@@ -32,7 +32,7 @@ def max_output_lengths(sources, extra_length: int):
   return (sources > 0).sum(-1) + extra_length
 
 
-class _Decoder:
+class _Scorer:
   """The cached decoder of one model and batch: set up once, then one position per call."""
 
   def __init__(self, config: TransformerConfig, params, sources, copies: int, cache_length: int):
@@ -104,19 +104,29 @@ def _allowed(log_probs, at_limit):
 
 @functools.partial(jax.jit, static_argnames=('config', 'extra_length'))
 def greedy_search(config: TransformerConfig, params, sources, extra_length: int = 50):
-  """The most probable token at each step, until EOS or the length limit."""
+  """The most probable token at each step, until EOS or the length limit.
+
+  Args:
+    config: the model's architecture.
+    params: its parameters.
+    sources: [batch, source_length] source ids ending in EOS, 0 = padding.
+    extra_length: outputs hold at most source length + extra_length tokens (EOS included).
+
+  Returns:
+    [batch, source_length + extra_length] output ids, each row ending with EOS then padding.
+  """
   batch, length = sources.shape[0], sources.shape[1] + extra_length
-  decoder = _Decoder(config, params, sources, 1, length)
+  scorer = _Scorer(config, params, sources, 1, length)
   limits = max_output_lengths(sources, extra_length)
 
   def step(carry, position):
     cache, token, done = carry
-    log_probs, cache = decoder.log_probs(cache, token)
+    log_probs, cache = scorer.log_probs(cache, token)
     log_probs = _allowed(log_probs, (position + 1 >= limits)[:, None])
     token = jnp.where(done, 0, jnp.argmax(log_probs, -1))
     return (cache, token, done | (token == EOS_ID)), token
 
-  init = (decoder.initial_cache, jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
+  init = (scorer.initial_cache, jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
   _, tokens = jax.lax.scan(step, init, jnp.arange(length))
   return tokens.T
 
@@ -125,18 +135,29 @@ def greedy_search(config: TransformerConfig, params, sources, extra_length: int 
                                              'cache_stage'))
 def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, alpha: float = 0.6,
                 extra_length: int = 50, cache_stage: int = CACHE_STAGE):
-  """Best hypothesis by log-probability / length_penalty.
+  """The best hypothesis of each sentence by log-probability / length_penalty (section 6.1).
 
-  Returns (tokens [batch, length], scores [batch], number of decoding steps run).
+  Args:
+    config: the model's architecture.
+    params: its parameters.
+    sources: [batch, source_length] source ids ending in EOS, 0 = padding.
+    beam_size: hypotheses kept per sentence.
+    alpha: the length penalty's exponent (`length_penalty`).
+    extra_length: outputs hold at most source length + extra_length tokens (EOS included).
+    cache_stage: the self-attention caches grow by this many positions at a time.
+
+  Returns:
+    (tokens [batch, source_length + extra_length], each row ending with EOS then padding;
+    scores [batch] float32; the number of decoding steps run).
   """
   length = sources.shape[1] + extra_length
   stage_ends = list(range(cache_stage, length, cache_stage)) + [length]
-  decoder = _Decoder(config, params, sources, beam_size, stage_ends[0])
-  return search(decoder, max_output_lengths(sources, extra_length), beam_size, alpha, stage_ends)
+  scorer = _Scorer(config, params, sources, beam_size, stage_ends[0])
+  return search(scorer, max_output_lengths(sources, extra_length), beam_size, alpha, stage_ends)
 
 
 def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
-  """Beam search over any scorer with `_Decoder`'s interface: `initial_cache` for batch * beam
+  """Beam search over any scorer with `_Scorer`'s interface: `initial_cache` for batch * beam
   rows, `log_probs(cache, tokens)`, `reorder(cache, rows)` and `resize(cache, length)`. `limits`
   [batch] are the longest outputs; the search runs in stages, its cache resized to each stage's
   end, the last end being the output length."""

@@ -107,13 +107,29 @@ class MultiHeadAttention(nn.Module):
   the whole encoder output at every decoding step; here cross-attention keys and values are
   projected once per sentence and cached, so that a decoding step costs one position. The caches
   hold keys as [batch, heads, depth, length] and values as [batch, heads, length, depth].
+
+  Attributes:
+    config: the architecture (d_model, num_heads, dtypes, attention_implementation, decode).
+    cross: keys and values from the encoder output instead of the queries.
   """
 
   config: TransformerConfig
-  cross: bool = False  # keys/values from the encoder output instead of the queries
+  cross: bool = False
 
   @nn.compact
   def __call__(self, x: Array, memory: Array | None, mask: Array, decode_index=None) -> Array:
+    """Attention of the queries `x` over themselves, or over `memory` if `cross`.
+
+    Args:
+      x: [batch, length, d_model] queries (and keys and values, for self-attention).
+      memory: [batch, memory_length, d_model] encoder output for cross-attention, else None.
+      mask: [batch, 1, length, key_length] True where a query may attend; None while decoding
+        self-attention (the unwritten part of the cache is masked here).
+      decode_index: the position being decoded, with config.decode; None otherwise.
+
+    Returns:
+      [batch, length, d_model] in config.dtype.
+    """
     cfg = self.config
     project = functools.partial(
         nn.DenseGeneral, features=(cfg.num_heads, cfg.d_model // cfg.num_heads), use_bias=False,
@@ -257,11 +273,29 @@ def _default_positions(tokens: Array) -> Array:
 
 
 class Encoder(nn.Module):
+  """The encoder stack (section 3.1): embedding, then num_encoder_layers self-attention layers.
+
+  Attributes:
+    config: the architecture.
+    token_embedding: the (possibly shared) token table.
+  """
+
   config: TransformerConfig
   token_embedding: nn.Embed
 
   @nn.compact
   def __call__(self, sources, positions=None, segment_ids=None) -> Array:
+    """The encoder's output.
+
+    Args:
+      sources: [batch, length] token ids, 0 = padding.
+      positions: [batch, length] positions (packed rows restart at 0 per pair); default 0, 1, ...
+      segment_ids: [batch, length] pair of each token in a packed row (1, 2, ...; 0 = padding);
+        tokens attend only within their pair. None: one pair per row.
+
+    Returns:
+      [batch, length, d_model] states in config.dtype.
+    """
     cfg = self.config
     if positions is None:
       positions = _default_positions(sources)
@@ -273,12 +307,32 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+  """The decoder stack (section 3.1): embedding of the right-shifted targets, then
+  num_decoder_layers of causal self-attention, cross-attention and feed-forward.
+
+  Attributes:
+    config: the architecture; with config.decode, one position per call over a cache.
+    token_embedding: the (possibly shared) token table.
+  """
+
   config: TransformerConfig
   token_embedding: nn.Embed
 
   @nn.compact
   def __call__(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
                target_segment_ids=None) -> Array:
+    """The decoder's output before the output projection.
+
+    Args:
+      encoded: [batch, source_length, d_model] encoder output.
+      sources: [batch, source_length] source ids (their padding masks cross-attention).
+      targets: [batch, length] target ids, shifted right here (teacher forcing); while decoding,
+        the previous step's token [batch, 1].
+      target_positions, source_segment_ids, target_segment_ids: of packed rows, as in `Encoder`.
+
+    Returns:
+      [batch, length, d_model] states in config.dtype.
+    """
     cfg = self.config
     decode_index = None
     if cfg.decode and self.has_variable('cache', 'index'):
@@ -336,11 +390,12 @@ class Transformer(nn.Module):
     self.project_output = lambda y: project(y, output.embedding)
 
   def encode(self, sources, source_positions=None, source_segment_ids=None) -> Array:
+    """The encoder's output [batch, length, d_model]; arguments as in `Encoder`."""
     return self.encoder(sources, source_positions, source_segment_ids)
 
   def decode(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
              target_segment_ids=None) -> Array:
-    """Float32 logits for `targets`.
+    """Float32 logits [batch, length, vocab] for `targets`; arguments as in `Decoder`.
 
     With `config.decode`, call once with `targets` a [batch, max_length] placeholder and
     `mutable=['cache']` to set up the cache (this also projects the encoder output for
@@ -352,8 +407,20 @@ class Transformer(nn.Module):
 
   def __call__(self, sources, targets, source_positions=None, source_segment_ids=None,
                target_positions=None, target_segment_ids=None, project: bool = True) -> Array:
-    """Logits; with `project=False` the decoder's output [batch, target_len, d_model] instead,
-    for a loss that projects it itself (`loss.projected_token_sums` with `output_table`)."""
+    """A teacher-forced pass over a batch of pairs.
+
+    Args:
+      sources: [batch, source_length] source ids, 0 = padding.
+      targets: [batch, target_length] target ids ending in EOS, 0 = padding.
+      source_positions, source_segment_ids, target_positions, target_segment_ids: of packed
+        rows (several pairs per row), as in `Encoder`; None for one pair per row.
+      project: False gives the decoder's output instead of logits, for a loss that projects it
+        itself (`loss.projected_token_sums` with `output_table`).
+
+    Returns:
+      float32 logits [batch, target_length, vocab], or the decoder's output [batch,
+      target_length, d_model] with `project=False`.
+    """
     encoded = self.encode(sources, source_positions, source_segment_ids)
     if project:
       return self.decode(encoded, sources, targets, target_positions, source_segment_ids,

@@ -75,7 +75,14 @@ class Interrupted(Exception):
 
 
 class Translator:
-  """Beam search over all local devices, sentences grouped by length; outputs in input order."""
+  """Beam search over all local devices, sentences grouped by length; outputs in input order.
+
+  Args:
+    config: the run's validated config (model, decode_batch_tokens, decode_extra_length, ...).
+    vocab: its vocabulary.
+    beam_size: hypotheses kept per sentence.
+    alpha: the length penalty's exponent.
+  """
 
   def __init__(self, config: ml_collections.ConfigDict, vocab: data.Vocabulary, beam_size: int,
                alpha: float):
@@ -118,6 +125,10 @@ class Translator:
 
     Returns:
       One translation per sentence, in input order.
+
+    Raises:
+      DataError: a sentence is longer than learned positions cover; the message names its line.
+      Interrupted: `stop` returned True.
     """
     return [self.vocab.decode(ids) for ids in self.search(params, sentences, progress, stop)]
 
@@ -209,7 +220,21 @@ def define_decoding_flags():
 
 
 def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
-  """(Translator, replicated parameters, config, checkpoint steps used) of a train.py workdir."""
+  """What translating with a trained run takes, as eval.py and translate.py use it.
+
+  Args:
+    workdir: a train.py workdir.
+    average_last: checkpoints to average (None: the config's average_last).
+    beam_size: None: the config's.
+    alpha: None: the config's.
+
+  Returns:
+    (a `Translator`, the parameters replicated over the local devices, the run's config, the
+    checkpoint steps averaged).
+
+  Raises:
+    ConfigError, DataError, CheckpointError: the workdir is not a usable run; the message says why.
+  """
   config = config_lib.load_workdir_config(workdir)
   config_lib.use_compilation_cache(config)
   vocab = data.load_vocabulary(config, workdir)

@@ -297,6 +297,22 @@ def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_
   """Endless training batches for this host, from batch number `start_position` on.
 
   Every host calls it at once: `all_gather` exchanges the hosts' shard sizes.
+
+  Args:
+    config: a validated config (data keys, tokens_per_batch, max_length, packing, seed, ...).
+    vocab: the run's vocabulary.
+    process_index: this host.
+    process_count: hosts in all.
+    num_devices: this host's devices.
+    start_position: batches already trained on (a checkpoint's data position).
+    all_gather: stacks every host's array in process order (`all_hosts`; tests pass a stand-in).
+
+  Returns:
+    A `TrainBatches` iterator of dicts of int32 [num_devices, rows, length] arrays (see the
+    package docstring); its `position` is what a checkpoint stores.
+
+  Raises:
+    DataError: unusable data or data settings; the message names the key or file.
   """
   where = layout(config, process_index, process_count, num_devices)
   return TrainBatches(Batches(config, vocab, 'train', where, config.packing, all_gather),
@@ -308,7 +324,15 @@ def eval_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, split: st
                  all_gather: AllGather = all_hosts):
   """One pass over `split`, its pairs packed into max_length rows whatever config.packing: one
   shape to compile and little padding, and the loss sums of separate rows (segments never attend
-  across). Unused rows are all padding."""
+  across). Unused rows are all padding.
+
+  Args:
+    config, vocab, process_index, process_count, num_devices, all_gather: as in `train_batches`.
+    split: 'validation' or 'test'.
+
+  Returns:
+    An iterator of packed batches: every usable pair of the split once.
+  """
   where = layout(config, process_index, process_count, num_devices)
   batches = Batches(config, vocab, split, where, True, all_gather)
   return (batches.fill(length, rows) for length, rows in batches.plan(None))
