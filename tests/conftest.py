@@ -2,6 +2,7 @@
 prepared-data directory, where Multi30k is, and a trained tiny run for the tests of what reads one."""
 
 import atexit
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +27,10 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 if 'TFDS_DATA_DIR' not in os.environ:
   os.environ['TFDS_DATA_DIR'] = tempfile.mkdtemp(prefix='tfds_data_dir_')
   atexit.register(shutil.rmtree, os.environ['TFDS_DATA_DIR'], ignore_errors=True)
+
+# After the set-up above: JAX and TFDS read it when first imported.
+from configs import tiny  # pylint: disable=wrong-import-position
+from transformer import trainer  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,11 +63,29 @@ def error_line(result: subprocess.CompletedProcess) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
+def train_in_process(workdir: str, **overrides) -> str:
+  """trainer.train on configs/tiny.py with `overrides` ('model.d_ff': 128, ...), in this process,
+  on its four devices; what it logged, a message per line."""
+  config = tiny.get_config()
+  config.update_from_flattened_dict(overrides)
+  messages = []
+  handler = logging.Handler(logging.INFO)
+  handler.emit = lambda record: messages.append(record.getMessage())
+  logger = logging.getLogger('absl')
+  level = logger.level
+  logger.addHandler(handler)
+  logger.setLevel(logging.INFO)
+  try:
+    trainer.train(config, workdir)
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+  return '\n'.join(messages)
+
+
 @pytest.fixture(scope='session')
 def tiny_run(tmp_path_factory) -> str:
   """configs/tiny.py trained 100 steps, keeping the checkpoints of steps 50, 75 and 100."""
   path = str(tmp_path_factory.mktemp('tiny_run'))
-  result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={path}',
-                      '--config.checkpoint_every_steps=25', '--config.keep_checkpoints=3')
-  assert result.returncode == 0, result.stderr[-3000:]
+  train_in_process(path, checkpoint_every_steps=25, keep_checkpoints=3)
   return path

@@ -1,4 +1,7 @@
-"""train.py end to end on configs/tiny.py: outputs, resume, preemption, NaN, several hosts."""
+"""Training end to end on configs/tiny.py: outputs, resume, preemption, NaN, several hosts.
+
+trainer.train runs in this process (on its four devices) except where a separate process is the
+point: a SIGTERM, another device count, several hosts, train.py's own error lines."""
 
 import json
 import os
@@ -15,10 +18,11 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
+from conftest import train_in_process
 from configs import tiny
 from transformer import config as config_lib
 from transformer import data, train_step
-from transformer.checkpoints import Checkpoints
+from transformer.checkpoints import CheckpointError, Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +40,7 @@ def train_command(workdir, *overrides):
           f'--workdir={workdir}', *overrides]
 
 
-def run_train(workdir, *overrides, devices=1, expect_ok=True):
+def run_train(workdir, *overrides, devices=4, expect_ok=True):
   result = subprocess.run(train_command(workdir, *overrides), cwd=ROOT, env=_env(devices),
                           capture_output=True, text=True, timeout=600)
   if expect_ok:
@@ -67,7 +71,7 @@ def max_difference(a, b):
 def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
-  run_train(workdir)
+  train_in_process(workdir)
   return workdir
 
 
@@ -145,9 +149,8 @@ def test_the_compilation_cache_key_keeps_compiled_programs(tmp_path):
 
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
-  run_train(workdir, '--config.num_train_steps=50')
-  result = run_train(workdir)
-  assert 'resumed from step 50' in result.stderr
+  train_in_process(workdir, num_train_steps=50)
+  assert 'resumed from step 50' in train_in_process(workdir)
   resumed, meta = restore(workdir, 100)
   uninterrupted, meta_full = restore(full_run, 100)
   assert meta == meta_full
@@ -162,7 +165,7 @@ def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_p
   shutil.copytree(full_run, workdir)
   shutil.rmtree(os.path.join(workdir, 'checkpoints', '100'))
   result = run_train(workdir, '--config.num_train_steps=51', devices=2)
-  assert ('checkpoint 50 was written on 1 devices, this run has 2: the resumed run sees other '
+  assert ('checkpoint 50 was written on 4 devices, this run has 2: the resumed run sees other '
           'batches') in result.stderr
   assert restore(workdir, 51)[1]['data_shards'] == 2
 
@@ -172,7 +175,7 @@ def test_sigterm_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, t
   workdir = str(tmp_path)
   process = subprocess.Popen(
       train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
-      cwd=ROOT, env=_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=_env(4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   seen = []
   for line in process.stderr:  # until the evaluation starts
     seen.append(line)
@@ -188,8 +191,7 @@ def test_sigterm_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, t
   assert Checkpoints(workdir).all_steps() == [30]
   assert not [r for r in read_metrics(workdir) if 'sacrebleu' in r]
 
-  result = run_train(workdir, '--config.bleu_every_steps=0')
-  assert 'resumed from step 30' in result.stderr
+  assert 'resumed from step 30' in train_in_process(workdir)
   assert max_difference(restore(workdir, 100)[0], restore(full_run, 100)[0]) == 0.0
 
 
@@ -209,9 +211,8 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tm
 
 
 def test_resuming_with_another_model_is_refused(full_run):
-  result = run_train(full_run, '--config.model.d_ff=128', expect_ok=False)
-  assert result.returncode != 0 and 'Traceback' not in result.stderr
-  assert 'config.model.d_ff=128 conflicts with 64 in' in result.stderr
+  with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=128 conflicts with 64 in'):
+    train_in_process(full_run, **{'model.d_ff': 128})
 
 
 @pytest.mark.parametrize('damage', ['truncate', pytest.param('delete', marks=pytest.mark.slow)])
@@ -225,14 +226,13 @@ def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, t
     os.truncate(largest, os.path.getsize(largest) // 2)
   else:
     os.remove(largest)
-  result = run_train(workdir, '--config.num_train_steps=150', expect_ok=False)
-  assert result.returncode != 0 and 'Traceback' not in result.stderr
-  message = result.stderr.strip().splitlines()[-1]
-  assert message.startswith(f'train.py: {step_dir} cannot be read, a file in it is damaged or '
-                            'missing (')
+  with pytest.raises(CheckpointError) as error:
+    train_in_process(workdir, num_train_steps=150)
+  message = str(error.value)
+  assert message.startswith(f'{step_dir} cannot be read, a file in it is damaged or missing (')
   assert message.endswith('delete that directory to use checkpoint 50 instead')
   shutil.rmtree(step_dir)  # as the message says
-  assert 'resumed from step 50' in run_train(workdir, '--config.num_train_steps=60').stderr
+  assert 'resumed from step 50' in train_in_process(workdir, num_train_steps=60)
 
 
 def _free_port() -> int:
@@ -246,7 +246,7 @@ def test_two_hosts_with_two_devices_each_equal_one_host_with_four(tmp_path):
   overrides = ['--config.num_train_steps=10', '--config.checkpoint_every_steps=10',
                '--config.eval_every_steps=10']
   single = str(tmp_path / 'single')
-  run_train(single, *overrides, devices=4)
+  train_in_process(single, num_train_steps=10, checkpoint_every_steps=10, eval_every_steps=10)
 
   multi = str(tmp_path / 'multi')
   port = _free_port()
