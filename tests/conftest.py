@@ -16,17 +16,19 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=4').strip()
 # One compilation cache for the session and the train.py/eval.py runs it starts: runs of one config
 # compile the same programs, so each is compiled once (a tiny train.py run takes half the time).
-# A cache the caller set up is used as it is.
-if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
-  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='jax_compilation_cache_')
-  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
-  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
-
-# Prepared data (datasets, vocabularies, token ids) in one place per session, away from the
-# user's ~/tensorflow_datasets: tests that train the same vocabulary share it, as runs do.
-if 'TFDS_DATA_DIR' not in os.environ:
-  os.environ['TFDS_DATA_DIR'] = tempfile.mkdtemp(prefix='tfds_data_dir_')
-  atexit.register(shutil.rmtree, os.environ['TFDS_DATA_DIR'], ignore_errors=True)
+# Prepared data (datasets, vocabularies, token ids) in one place per session too, away from the
+# user's ~/tensorflow_datasets: tests that train the same vocabulary share it, as runs do. Each
+# pytest-xdist worker gets directories of its own: JAX and TFDS write their files in place, so
+# processes running at once must not share them. Directories the caller set up are used as they are.
+_OWN_DIRS = 'TRANSFORMER_TESTS_OWN_DIRS'  # marks directories made here (and inherited by workers)
+for _variable, _prefix in (('JAX_COMPILATION_CACHE_DIR', 'jax_compilation_cache_'),
+                           ('TFDS_DATA_DIR', 'tfds_data_dir_')):
+  if _variable not in os.environ or _OWN_DIRS in os.environ:
+    os.environ[_variable] = tempfile.mkdtemp(prefix=_prefix)
+    atexit.register(shutil.rmtree, os.environ[_variable], ignore_errors=True)
+    if _variable == 'JAX_COMPILATION_CACHE_DIR':
+      os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+os.environ[_OWN_DIRS] = '1'
 
 # After the set-up above: JAX and TFDS read it when first imported.
 from configs import tiny  # pylint: disable=wrong-import-position
