@@ -2,6 +2,7 @@
 reader never sees half of one."""
 
 import contextlib
+import hashlib
 import os
 
 from etils import epath
@@ -39,6 +40,15 @@ def open_atomically(path: str, mode: str = 'wb'):
     raise
   if target != path:
     os.replace(target, path)
+
+
+def sha256(path: str) -> str:
+  """The SHA-256 of a file's bytes (hex), read in chunks: gigabyte files need no gigabyte of RAM."""
+  digest = hashlib.sha256()
+  with epath.Path(path).open('rb') as f:
+    for chunk in iter(lambda: f.read(2**20), b''):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 def write_atomically(path: str, content: str | bytes):

@@ -12,6 +12,7 @@ import os
 import tensorflow_datasets as tfds
 from etils import epath
 
+from transformer import files
 from transformer.data import text_files
 from transformer.data.errors import DataError
 
@@ -40,8 +41,7 @@ def sources_digest(paths: dict[str, str]) -> str:
   """SHA-256 over the files' names and contents."""
   digest = hashlib.sha256()
   for name in sorted(paths):
-    content = epath.Path(paths[name]).read_bytes()
-    digest.update(name.encode() + b'\0' + hashlib.sha256(content).digest())
+    digest.update(name.encode() + b'\0' + bytes.fromhex(files.sha256(paths[name])))
   return digest.hexdigest()
 
 

@@ -23,9 +23,7 @@ def prepare(config: ml_collections.ConfigDict) -> list[str]:
     DataError: the data cannot be read or downloaded; the message says what to do.
   """
   began = time.time()
-  if '/' in config.dataset:  # TFDS: download and prepare first, with its own messages
-    sources.tfds_builder(config)
-  train = sources.load_split(config, 'train')
+  train = sources.load_split(config, 'train')  # a TFDS dataset is downloaded and prepared here
   vocab = vocabulary.Vocabulary(vocabulary.load_or_train_model(config, train))
   summary = [f'vocabulary ({config.vocab_size} pieces): {vocabulary.stored_path(config, train)}']
   for split in splits(config):

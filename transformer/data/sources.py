@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from transformer import files
 from transformer.data import multi30k, synthetic, text_files
 from transformer.data.errors import DataError
 
@@ -47,7 +48,8 @@ class Corpus:
     return self._open()[1](indices)
 
 
-def _digest(*parts) -> str:
+def digest(*parts) -> str:
+  """A SHA-256 (hex) naming `parts`: what stored data is keyed by."""
   return hashlib.sha256('\0'.join(map(str, parts)).encode()).hexdigest()
 
 
@@ -58,11 +60,11 @@ def _lists(sources: list[str], targets: list[str]) -> tuple[int, Reader]:
 
 def _synthetic_corpus(split: str) -> Corpus:
   sources, targets = synthetic.pairs(split)
-  return Corpus(f'synthetic ({split})', _digest('synthetic', *sources, *targets),
+  return Corpus(f'synthetic ({split})', digest('synthetic', *sources, *targets),
                 lambda: _lists(sources, targets))
 
 
-def _from_data_source(name: str, digest: str, source, source_lang: str,
+def _from_data_source(name: str, key: str, source, source_lang: str,
                       target_lang: str) -> Corpus:
   def text(value) -> str:
     return value.decode('utf-8') if isinstance(value, bytes) else str(value)
@@ -77,7 +79,7 @@ def _from_data_source(name: str, digest: str, source, source_lang: str,
       if lang not in languages:
         raise DataError(f'{name} has no language {lang!r} (it has {", ".join(languages)}); set '
                         'config.source_lang and config.target_lang to two of those')
-  return Corpus(name, _digest(digest, len(source), source_lang, target_lang),
+  return Corpus(name, digest(key, len(source), source_lang, target_lang),
                 lambda: (len(source), read))
 
 
@@ -93,9 +95,7 @@ def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
       raise DataError(f'{path}: no such file; check config.{key} (one sentence per line, '
                       'optional .gz)')
   # Hashing the bytes is a fraction of reading them as text.
-  digest = _digest('text', *(hashlib.sha256(epath.Path(p).read_bytes()).hexdigest()
-                             for p in paths))
-  return Corpus(f'{pattern} ({split})', digest,
+  return Corpus(f'{pattern} ({split})', digest('text', *map(files.sha256, paths)),
                 lambda: _lists(*text_files.read_parallel(*paths)))
 
 
@@ -107,16 +107,16 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
   tfds.disable_progress_bar()
   root = prepared_dir(config)
   paths = multi30k.source_files(config.manual_dir, os.path.join(root, 'downloads'))
-  digest = multi30k.sources_digest(paths)
-  prepared = os.path.join(root, 'multi30k_sources', digest[:16])
+  files_digest = multi30k.sources_digest(paths)
+  prepared = os.path.join(root, 'multi30k_sources', files_digest[:16])
   builder = multi30k.Multi30k(paths=paths, data_dir=prepared, file_format='array_record')
   if not builder.is_prepared():
     logging.info('preparing multi30k from %s (files sha256 %s) in %s',
-                 config.manual_dir or 'the download', digest[:16], prepared)
+                 config.manual_dir or 'the download', files_digest[:16], prepared)
     began = time.time()
     builder.download_and_prepare()
     logging.info('prepared multi30k in %.1f s', time.time() - began)
-  return _from_data_source(f'multi30k ({split})', _digest('multi30k', digest, split),
+  return _from_data_source(f'multi30k ({split})', digest('multi30k', files_digest, split),
                            builder.as_data_source(split), config.source_lang, config.target_lang)
 
 
@@ -131,7 +131,7 @@ def _download_failed(builder, error: Exception, manual_dir: str) -> DataError:
                    f'reads them from there): {files or "see the dataset page on tensorflow.org"}')
 
 
-def tfds_builder(config: ml_collections.ConfigDict):
+def _tfds_builder(config: ml_collections.ConfigDict):
   """config.dataset's TFDS builder, downloaded and prepared (once) as array_record files.
 
   Raises:
@@ -164,9 +164,9 @@ def tfds_builder(config: ml_collections.ConfigDict):
 
 
 def _tfds_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
-  builder = tfds_builder(config)
+  builder = _tfds_builder(config)
   return _from_data_source(f'{config.dataset} ({split})',
-                           _digest('tfds', builder.info.full_name, split),
+                           digest('tfds', builder.info.full_name, split),
                            builder.as_data_source(split), config.source_lang, config.target_lang)
 
 

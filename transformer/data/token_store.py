@@ -66,7 +66,7 @@ def token_dtype(vocab_size: int) -> type:
 
 def store_dir(config, corpus: sources.Corpus, vocab: Vocabulary) -> str:
   """Where `corpus`'s token ids under `vocab` are stored."""
-  key = hashlib.sha256(f'{corpus.digest}\0'.encode() + vocab.model_proto).hexdigest()
+  key = sources.digest(corpus.digest, hashlib.sha256(vocab.model_proto).hexdigest())
   return os.path.join(sources.prepared_dir(config), 'tokens', key[:16])
 
 

@@ -7,7 +7,6 @@ characters the training text lacks are spelled as UTF-8 bytes (256 byte pieces),
 back any input exactly, never the unknown symbol.
 """
 
-import hashlib
 import io
 import os
 import time
@@ -81,9 +80,8 @@ def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> by
 def stored_path(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> str:
   """Where the vocabulary of `corpus` (the training split) and these settings is kept for every
   run: beside the prepared data, under a hash of both."""
-  key = hashlib.sha256('\0'.join(map(str, (
-      corpus.digest, config.vocab_size, config.vocab_model_type, config.vocab_sample_size,
-      config.seed))).encode()).hexdigest()
+  key = sources.digest(corpus.digest, config.vocab_size, config.vocab_model_type,
+                       config.vocab_sample_size, config.seed)
   return os.path.join(sources.prepared_dir(config), 'vocabularies', key[:16], 'sentencepiece.model')
 
 
