@@ -66,6 +66,9 @@ def get_config():
   # [chunk, vocab] logits exist at once, and chunks of padding are skipped. 0 = by backend: 256 on
   # a CPU, the whole batch at once on an accelerator (transformer/config.py, loss_chunk).
   config.loss_chunk_tokens = 0
+  # How the loss reads the logits (transformer/loss.py): 'separate' passes for the max and each
+  # sum, or 'online', all in one pass. '' = by backend: 'online' on a GPU, 'separate' elsewhere.
+  config.loss_reduction = ''
   config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
   config.lr_scale = 1.0  # 'paper' only
   config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base

@@ -93,6 +93,7 @@ BAD_VALUES = [
     ('compilation_cache_dir', None, 'directory or empty'),
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
+    ('loss_reduction', 'fused', "'separate', 'online'"),
     ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
     ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
     ('compound_split_languages', None, 'comma-separated language codes'),
@@ -200,7 +201,7 @@ def test_config_flag_argument_and_overrides_parse(monkeypatch):
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
-def test_loss_chunk_and_decode_batch_default_by_backend(monkeypatch, backend):
+def test_loss_and_decode_batch_default_by_backend(monkeypatch, backend):
   monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
   config = multi30k.get_config()
   assert (config.loss_chunk_tokens, config.decode_batch_tokens) == (0, 0)
@@ -208,8 +209,12 @@ def test_loss_chunk_and_decode_batch_default_by_backend(monkeypatch, backend):
   assert config_lib.loss_chunk(config) == (256 if on_cpu else None)
   devices = config_lib.jax.local_device_count()
   assert config_lib.decode_batch_tokens(config) == (1950 // devices if on_cpu else 2**17)
+  assert config_lib.online_loss(config) == (backend == 'gpu')
   config.update(loss_chunk_tokens=512, decode_batch_tokens=4096)
   assert (config_lib.loss_chunk(config), config_lib.decode_batch_tokens(config)) == (512, 4096)
+  for reduction in ('separate', 'online'):
+    config.loss_reduction = reduction
+    assert config_lib.online_loss(config) == (reduction == 'online')
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])

@@ -23,6 +23,29 @@ def test_label_smoothed_loss_equals_optax_smooth_labels():
   assert sums['tokens'] == 8
 
 
+@pytest.mark.parametrize('scale', [1.0, 30.0])  # 30: exp(logit) overflows float32 unshifted
+def test_online_sums_equal_the_separate_passes_with_their_gradients(scale):
+  """One variadic pass gives `token_sums`'s values, and its written-out gradient autodiff's, for
+  every sum and any scale on it; ties and a row of equal logits included."""
+  key_logits, key_targets, key_scales = jax.random.split(jax.random.key(3), 3)
+  logits = scale * jax.random.normal(key_logits, (5, 37, 301))
+  logits = logits.at[0, 0].set(2.0).at[0, 1, :7].set(logits[0, 1].max())  # a flat row, a tie
+  targets = jax.random.randint(key_targets, (5, 37), 0, 301).at[0, 1].set(3)
+  for label_smoothing in (0.0, 0.1):
+    want = loss.token_sums(logits, targets, label_smoothing)
+    got = jax.jit(loss.online_token_sums, static_argnums=2)(logits, targets, label_smoothing)
+    for name in loss.SUMS:
+      np.testing.assert_allclose(got[name], want[name], rtol=2e-6, err_msg=name)
+    assert float(got['correct']) > 0 and float(got['tokens']) < targets.size
+    cotangents = dict(zip(loss.SUMS, jax.random.normal(key_scales, (4,))))
+    weighted = lambda sums_of: jax.grad(lambda l: sum(
+        cotangents[name] * value for name, value in sums_of(l, targets, label_smoothing).items()))
+    want_grad = weighted(loss.token_sums)(logits)
+    got_grad = jax.jit(weighted(loss.online_token_sums))(logits)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+    assert not np.any(got_grad[targets == 0])
+
+
 def _problem(rows=6, length=20, width=16, vocab=50, real=None):
   """Decoder states, an output table and targets whose rows end in padding."""
   states = jax.random.normal(jax.random.key(1), (rows, length, width))
@@ -43,14 +66,15 @@ def _sums_and_grads(sums_fn, states, table):
   return sums, grads
 
 
+@pytest.mark.parametrize('online', [False, True])
 @pytest.mark.parametrize('chunk', [1, 7, 32, 120, 1000, None])  # None: all at once
 @pytest.mark.parametrize('real', [None, 0, 20])  # ragged rows, all padding, no padding
 @pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
 def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real,
-                                                                    label_smoothing):
+                                                                    label_smoothing, online):
   states, table, targets = _problem(real=real)
   full = lambda s, t: loss.token_sums(project(s, t), targets, label_smoothing)
-  chunked = lambda s, t: loss.projected_token_sums(s, t, targets, label_smoothing, chunk)
+  chunked = lambda s, t: loss.projected_token_sums(s, t, targets, label_smoothing, chunk, online)
   (want, want_grads), (got, got_grads) = (_sums_and_grads(f, states, table)
                                           for f in (full, chunked))
   for name in loss.SUMS:

@@ -112,6 +112,22 @@ def test_one_device_and_four_devices_make_the_same_update():
   assert _max_difference(one.params, four.params) < 1e-3 * update
 
 
+def test_the_online_loss_makes_the_update_of_the_separate_passes():
+  """config.loss_reduction changes how the loss reads the logits, not the step's result; the
+  whole batch in one chunk, as on a GPU, and in chunks, as on a CPU."""
+  config, model_config, state, batch = _setup()
+  separate, metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
+                              jax.local_devices()[:1])
+  update = _max_difference(state.params, separate.params)
+  for chunk in (0, 16):
+    config.update(loss_reduction='online', loss_chunk_tokens=chunk)
+    online, online_metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
+                                     jax.local_devices()[:1])
+    for name in ('loss', 'nll', 'correct', 'tokens'):
+      np.testing.assert_allclose(online_metrics[name], metrics[name], rtol=1e-6, err_msg=name)
+    assert _max_difference(separate.params, online.params) < 1e-3 * update
+
+
 def test_gradient_accumulation_equals_the_doubled_batch():
   config, model_config, state, batch = _setup()
   steps = train_step.StepFunctions(config, model_config)

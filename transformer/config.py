@@ -91,6 +91,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
               'model.max_positions'):
     _check_int(config, key, 1)
   _check_int(config, 'loss_chunk_tokens', 0)
+  _check_choice(config, 'loss_reduction', ('', 'separate', 'online'))
   if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
           f'{BYTE_AND_SPECIAL_PIECES} of it, and the pieces learned from the text come on top; '
@@ -225,6 +226,18 @@ def loss_chunk(config: ml_collections.ConfigDict) -> int | None:
   return 256 if jax.default_backend() == 'cpu' else None
 
 
+def online_loss(config: ml_collections.ConfigDict) -> bool:
+  """Whether the loss reads the logits once (`loss.online_token_sums`) or once per statistic.
+
+  config.loss_reduction='' picks by backend: one pass on a GPU, where each pass over the logits
+  is memory-bound; separate passes on a CPU, where XLA's variadic reduction is several times
+  slower, and on a TPU, where the choice is unmeasured.
+  """
+  if config.loss_reduction:
+    return config.loss_reduction == 'online'
+  return jax.default_backend() == 'gpu'
+
+
 def decode_batch_tokens(config: ml_collections.ConfigDict) -> int:
   """Source tokens times beam_size per beam-search call and device.
 
@@ -254,7 +267,8 @@ def use_compilation_cache(config: ml_collections.ConfigDict):
 # Keys added after the first runs, each with the value that keeps the behaviour from before it: a
 # config.json written before them reads as if it held these.
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
-              'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr'}
+              'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
+              'loss_reduction': 'separate'}
 
 
 def with_added_keys(stored: dict) -> dict:

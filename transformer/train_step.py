@@ -34,10 +34,10 @@ def initial_state(config: ml_collections.ConfigDict, model_config: TransformerCo
     return TrainState.create(apply_fn=model.apply, params=params, tx=optim.optimizer(config))
 
 
-def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, rngs=None):
+def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, online, rngs=None):
   states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
   sums = loss.projected_token_sums(states, output_table(params), batch['targets'],
-                                   label_smoothing, chunk)
+                                   label_smoothing, chunk, online)
   sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
   return sums
 
@@ -50,6 +50,7 @@ class StepFunctions:
     self.eval_model = Transformer(model_config.replace(deterministic=True))
     self.label_smoothing = config.label_smoothing
     self.loss_chunk = config_lib.loss_chunk(config)
+    self.online_loss = config_lib.online_loss(config)
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
     self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl
@@ -62,7 +63,7 @@ class StepFunctions:
 
     def loss_sum(params):
       sums = _batch_sums(params, batch, self.train_model, self.label_smoothing, self.loss_chunk,
-                         {'dropout': rng})
+                         self.online_loss, {'dropout': rng})
       return sums['loss'], sums
 
     grads, sums = jax.grad(loss_sum, has_aux=True)(state.params)
@@ -95,4 +96,4 @@ class StepFunctions:
   def eval_step(self, params, batch):
     """Token sums over the global batch, without dropout."""
     return jax.lax.psum(_batch_sums(params, batch, self.eval_model, self.label_smoothing,
-                                    self.loss_chunk), AXIS)
+                                    self.loss_chunk, self.online_loss), AXIS)
