@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -21,7 +22,7 @@ from tensorboardX.proto import event_pb2
 from conftest import train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import data, train_step
+from transformer import compiled, data, train_step
 from transformer.checkpoints import CheckpointError, Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,8 +72,25 @@ def max_difference(a, b):
 def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
-  train_in_process(workdir)
+  compile_program = compiled.Programs._compile
+  with pytest.MonkeyPatch.context() as patch:  # notes which thread compiled each program
+    patch.setattr(compiled.Programs, '_compile', lambda programs, args: COMPILED_ON.append(
+        (programs.pmapped.__name__, threading.current_thread().name)) or compile_program(
+            programs, args))
+    train_in_process(workdir)
   return workdir
+
+
+COMPILED_ON = []  # full_run's (function, thread) of each program compiled
+
+
+def test_evaluation_programs_compile_on_a_thread_while_training_runs(full_run):
+  """The validation loss step and both splits' beam searches: each compiled once, ahead."""
+  functions = {function for function, _ in COMPILED_ON}
+  assert functions == {'eval_step', 'search'}  # the loss step, the beam search
+  assert all(thread == 'compile_ahead' for _, thread in COMPILED_ON), COMPILED_ON
+  beam_searches = [f for f, _ in COMPILED_ON if f == 'search']
+  assert 1 <= len(beam_searches) <= 6  # decode shapes of two splits
 
 
 def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full_run):

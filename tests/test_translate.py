@@ -50,7 +50,7 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
     # Every shape of the plan compiled once, and nothing else.
     shapes = {(rows, length) for budget in outputs
               for _, rows, length in decode_batches(lengths, budget, translator.devices)}
-    assert set(translator._compiled) == shapes
+    assert set(translator.programs.compiled) == shapes
   assert len(shapes) > 2
   assert len(outputs[4096]) == 37 and any(outputs[4096])
   assert outputs[LENGTH_STEP] == outputs[4096]

@@ -9,6 +9,7 @@ The only module besides checkpoints.py that touches the workdir:
 
 import json
 import signal
+import threading
 import time
 
 import jax
@@ -20,7 +21,7 @@ from flax import jax_utils
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
-from transformer import bleu, data, metrics, model, train_step, translate
+from transformer import bleu, compiled, data, metrics, model, train_step, translate
 from transformer.checkpoints import Checkpoints, local_copy, state_shapes
 from transformer.files import write_atomically
 
@@ -131,15 +132,62 @@ class _Evaluator:
   def __init__(self, config, vocab, steps: train_step.StepFunctions, shard: dict,
                writer: metrics.MetricsWriter):
     self.config, self.vocab, self.shard, self.writer = config, vocab, shard, writer
-    self.p_eval = jax.pmap(steps.eval_step, train_step.AXIS)
+    # Keyed by the batch's shapes.
+    self.eval_programs = compiled.Programs(jax.pmap(steps.eval_step, train_step.AXIS))
     self.translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
     self.batches = {}  # split -> its loss batches
     self.texts = {}  # split -> (sources, references)
+    self._compiling = None  # the thread of compile_ahead
 
-  def loss(self, params, step: int, split: str):
+  def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
+    """Compiles the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
+    on a background thread: the training steps run meanwhile (on a GPU a cold start spends
+    ~12 s on these programs). Where one is not ready when needed, `loss` and `bleu` wait for it."""
+    params = compiled.shapes_of(params)  # the state's buffers are donated by the next step
+
+    def compile_all():
+      began = time.time()
+      try:
+        for split in loss_splits:
+          for batch in self._loss_batches(split):
+            self._eval_program(params, batch)
+        for split in bleu_splits:
+          try:
+            self.translator.compile(params, self._texts(split)[0])
+          except data.DataError:
+            pass  # `bleu` reports it when it gets there
+      except Exception as error:
+        # `loss` and `bleu` meet it again where they need the program, and stop the run there.
+        logging.warning('compiling the evaluation programs ahead stopped: %s', error)
+        return
+      logging.info('evaluation programs compiled ahead in %.1f s', time.time() - began)
+
+    self._compiling = threading.Thread(target=compile_all, name='compile_ahead')
+    self._compiling.start()
+
+  def close(self):
+    """Waits for `compile_ahead`'s thread."""
+    if self._compiling is not None:
+      self._compiling.join()
+
+  def _loss_batches(self, split: str) -> list:
     if split not in self.batches:
       self.batches[split] = list(data.eval_batches(self.config, self.vocab, split, **self.shard))
-    sums = [self.p_eval(params, batch) for batch in self.batches[split]]
+    return self.batches[split]
+
+  def _texts(self, split: str) -> tuple[list[str], list[str]]:
+    """(sources, references) of `split`. Raises DataError where it has none."""
+    if split not in self.texts:
+      self.texts[split] = data.split_texts(self.config, split)
+    return self.texts[split]
+
+  def _eval_program(self, params, batch):
+    key = tuple((name, value.shape) for name, value in sorted(batch.items()))
+    return self.eval_programs.get(key, params, batch)
+
+  def loss(self, params, step: int, split: str):
+    sums = [self._eval_program(params, batch)(params, batch)
+            for batch in self._loss_batches(split)]
     summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
                                  for s in jax.device_get(sums)])
     values = {k: summary[k] for k in ('loss', 'nll', 'perplexity', 'accuracy')}
@@ -151,13 +199,11 @@ class _Evaluator:
            stop=None) -> bool:
     """Translates `split`; logs both BLEUs and a few examples (and which checkpoints were
     averaged into `params`, if given). False if `stop` (see `Translator.translate`) cut it short."""
-    if split not in self.texts:
-      try:
-        self.texts[split] = data.split_texts(self.config, split)
-      except data.DataError as error:
-        logging.warning('no BLEU on %s: %s', split, error)
-        return True
-    sources, references = self.texts[split]
+    try:
+      sources, references = self._texts(split)
+    except data.DataError as error:
+      logging.warning('no BLEU on %s: %s', split, error)
+      return True
     logging.info('translating %s (%d sentences) at step %d', split, len(sources), step)
     try:
       hypotheses = self.translator.translate(params, sources, stop=stop)
@@ -248,6 +294,11 @@ def _every(step: int, interval: int) -> bool:
   return interval > 0 and step % interval == 0
 
 
+def _every_between(start: int, end: int, interval: int) -> bool:
+  """Whether `_every(step, interval)` holds for a step in (start, end]."""
+  return interval > 0 and end // interval > start // interval
+
+
 def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator, stop):
   """Both BLEUs on validation and test with the mean of the last config.average_last
   checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper); a
@@ -295,6 +346,10 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   stop = lambda: _agree(preemption.received)[0]  # for long evaluations
   scheduled = (config.log_every_steps, config.eval_every_steps, config.bleu_every_steps,
                config.checkpoint_every_steps)
+  if start_step < config.num_train_steps:  # the final BLEU translates validation and test
+    evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
+    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
+                            ['validation', 'test'])
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, batches)
@@ -331,6 +386,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         _final_bleu(config, checkpoints, evaluator, stop)
   finally:
     preemption.restore()
+    evaluator.close()
     checkpoints.wait()
     checkpoints.close()
     writer.close()

@@ -12,7 +12,7 @@ from absl import flags, logging
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, data, decode, metrics
+from transformer import checkpoints, compiled, data, decode, metrics
 from transformer import config as config_lib
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
@@ -94,23 +94,38 @@ class Translator:
     # Learned positions end at max_positions; past it their lookup gives NaN embeddings.
     self.max_source_tokens = (config.model.max_positions - config.decode_extra_length
                               if config.model.positional_encoding == 'learned' else None)
-    self._search = jax.pmap(
-        lambda params, sources: decode.beam_search(
-            model_config, params, sources, beam_size=beam_size, alpha=alpha,
-            extra_length=config.decode_extra_length)[0])
-    self._compiled = {}  # (rows per device, length) -> the beam search compiled for it
-    self.compile_secs = 0.0  # spent compiling so far (one host; several compile on first call)
+
+    def search(params, sources):
+      return decode.beam_search(model_config, params, sources, beam_size=beam_size, alpha=alpha,
+                                extra_length=config.decode_extra_length)[0]
+
+    self.programs = compiled.Programs(jax.pmap(search))  # keyed by (rows per device, length)
+
+  @property
+  def compile_secs(self) -> float:
+    """Spent compiling so far (one host; several compile on first call)."""
+    return self.programs.compile_secs
 
   def _search_for(self, params, rows: int, length: int):
     """The beam search compiled for [devices, rows, length] sources, compiled on first use."""
-    if jax.process_count() > 1:  # pmap's ahead-of-time executables take global arrays there
-      return self._search
-    if (rows, length) not in self._compiled:
-      began = time.time()
-      sources = jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
-      self._compiled[rows, length] = self._search.lower(params, sources).compile()
-      self.compile_secs += time.time() - began
-    return self._compiled[rows, length]
+    sources = jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
+    return self.programs.get((rows, length), params, sources)
+
+  def _plan(self, sentences: list[str]):
+    """The sentences' ids and the beam-search calls that translate them (`decode_batches`)."""
+    encoded = self.vocab.encode_batch(sentences, add_eos=True)
+    self._check_lengths(encoded)
+    return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
+                                   self.devices * jax.process_count())
+
+  def compile(self, params, sentences: list[str]):
+    """Compiles the beam searches that translating `sentences` takes, as `translate` would first.
+
+    Raises:
+      DataError: as `translate`.
+    """
+    for _, rows, length in self._plan(sentences)[1]:
+      self._search_for(params, rows, length)
 
   def translate(self, params, sentences: list[str], progress: bool = False,
                 stop=None) -> list[str]:
@@ -142,12 +157,9 @@ class Translator:
     make the same calls in the same order (the pmapped search spans them all), so `stop` must
     agree across hosts.
     """
-    encoded = self.vocab.encode_batch(sentences, add_eos=True)
-    self._check_lengths(encoded)
+    encoded, calls = self._plan(sentences)
     hosts, host = jax.process_count(), jax.process_index()
     outputs_of = [None] * len(sentences)
-    calls = decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
-                           self.devices * hosts)
 
     def check_stop():
       if stop is not None and stop():

@@ -1,0 +1,46 @@
+"""Pmapped programs compiled ahead of time, once per input shape, from any thread.
+
+A training run compiles its evaluation step and beam searches on a background thread while it
+trains (trainer.py); when the loop needs one, it waits only for that program.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+
+import jax
+
+
+def shapes_of(tree):
+  """`tree`'s arrays as ShapeDtypeStructs: what compiling needs, without holding their buffers
+  (a training step donates its state's)."""
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+class Programs:
+  """A `jax.pmap`ped function's compiled programs, one per key (a name for the input shapes).
+
+  Args:
+    pmapped: the pmapped function.
+  """
+
+  def __init__(self, pmapped):
+    self.pmapped = pmapped
+    self.compiled = {}  # key -> the compiled program
+    self.compile_secs = 0.0  # spent compiling so far
+    self._locks = {}
+
+  def get(self, key: Hashable, *args) -> Callable:
+    """The program for `args` (arrays or ShapeDtypeStructs, leading axis the local devices),
+    compiled on the first call with `key`; a call with a key being compiled waits for it."""
+    if jax.process_count() > 1:  # pmap's ahead-of-time programs take global arrays there
+      return self.pmapped
+    with self._locks.setdefault(key, threading.Lock()):  # setdefault is atomic
+      if key not in self.compiled:
+        began = time.time()
+        self.compiled[key] = self._compile(args)
+        self.compile_secs += time.time() - began
+    return self.compiled[key]
+
+  def _compile(self, args):
+    return self.pmapped.lower(*shapes_of(args)).compile()
