@@ -3,11 +3,14 @@
 #
 #   bash benchmarks/gpu_speed.sh MULTI30K_DIR FLAX_WMT_DIR OUT STAGE...
 #
-# STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's),
-# vs_flax_base (train step at the paper's base size, bfloat16, against flax examples/wmt, with
-# cuDNN attention and, as a variant, XLA's),
-# multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016
-# twice), multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
+# online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
+# base size, bfloat16, against flax examples/wmt, with the loss's reduction by backend and, as a
+# variant, in separate passes),
+# multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016),
+# multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# multi30k_cublas (the recipe's train.py from another empty cache, with XLA's Triton matmuls off:
+# what they cost in compilation and give in speed),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, ours and flax's, traces kept),
 # vs_flax_multi30k. Logs and results go to
@@ -42,19 +45,24 @@ for stage in "$@"; do
   case $stage in
     cudnn_check)
       run cudnn_check 90 python3 -m pytest -q -p no:cacheprovider tests/test_model.py -k cudnn ;;
+    loss_check)
+      run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
-      run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --beam_shape= --repeats=10 --variant=model.attention_implementation=xla \
+      run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+        --beam_shape= --repeats=10 --variant=loss_reduction=separate \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"
-      run multi30k_eval_test 90 python3 eval.py --workdir="$work/recipe" --split=test \
+      run multi30k_eval_test 60 python3 eval.py --workdir="$work/recipe" --split=test \
         --output_dir="$out/results/eval_test"
-      run multi30k_eval_test_again 60 python3 eval.py --workdir="$work/recipe" --split=test \
-        --output_dir="$out/results/eval_test_again"
       cp "$work/recipe/metrics.jsonl" "$out/results/multi30k_metrics.jsonl" ;;
     multi30k_warm)
       run multi30k_train_warm 240 "${recipe[@]}" --workdir="$work/recipe_warm" ;;
+    multi30k_cublas)
+      XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run multi30k_train_cublas 120 \
+        python3 train.py --config=configs/multi30k.py --config.manual_dir="$data" \
+        --config.compilation_cache_dir="$work/jax_cache_cublas" --workdir="$work/recipe_cublas"
+      cp "$work/recipe_cublas/metrics.jsonl" "$out/results/multi30k_cublas_metrics.jsonl" ;;
     base_train)
       run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
@@ -81,5 +89,6 @@ for f in "$out"/results/eval_*/scores.json; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/*metrics.jsonl; do
   echo "== $f"; grep -v '"split"' "$f" | tail -n 3 | cut -c1-400
 done
-grep -h -E 'compil|vocabulary trained|BLEU at step' "$out"/multi30k_train_*.log | cut -c1-200
+grep -H -E 'compil|vocabulary trained|BLEU at step|step (50|2600)/' "$out"/multi30k_train_*.log |
+  cut -c1-220
 exit 0

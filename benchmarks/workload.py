@@ -134,12 +134,15 @@ def fetch_flax_examples(directory: str) -> str:
 
 
 def import_flax_wmt(directory: str):
-  """(models, decode, train) modules of flax examples/wmt, tensorflow and clu stubbed."""
+  """(models, decode, train) modules of flax examples/wmt, tensorflow and clu stubbed while they
+  import."""
   importlib.import_module('flax.training.checkpoints')  # decides on tensorflow before the stub
-  # Its tf.data input pipeline is not timed, so it is stubbed with the modules it needs.
-  for name in ('tensorflow', 'clu', 'clu.metric_writers', 'clu.periodic_actions',
-               'input_pipeline'):
-    sys.modules.setdefault(name, types.ModuleType(name))
+  # Its tf.data input pipeline is not timed, so it is stubbed with the modules it needs; the
+  # stubs leave sys.modules afterwards (a stub found there fails importlib.util.find_spec).
+  stubs = [name for name in ('tensorflow', 'clu', 'clu.metric_writers', 'clu.periodic_actions',
+                             'input_pipeline') if name not in sys.modules]
+  for name in stubs:
+    sys.modules[name] = types.ModuleType(name)
   sys.modules['tensorflow'].data = types.SimpleNamespace(Dataset=object)  # in annotations
   modules = {}
   sys.path.insert(0, directory)
@@ -153,6 +156,8 @@ def import_flax_wmt(directory: str):
     spec.loader.exec_module(modules['train'])
   finally:
     sys.path.remove(directory)
+    for name in stubs:
+      del sys.modules[name]
   return modules['models'], modules['decode'], modules['train']
 
 
