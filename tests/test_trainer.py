@@ -253,6 +253,28 @@ def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, t
   assert 'resumed from step 50' in train_in_process(workdir, num_train_steps=60)
 
 
+def test_checkpoints_save_on_a_thread_and_a_failed_save_raises_at_the_next_wait(tmp_path,
+                                                                               monkeypatch):
+  """`save` returns while Orbax still blocks (0.1-0.3 s a checkpoint), what follows sees the
+  checkpoint, and a save's error is raised, not lost."""
+  checkpoints = Checkpoints(str(tmp_path), keep=2)
+  state = {'w': np.arange(6, dtype=np.float32)}
+  orbax_save, release, released = checkpoints.manager.save, threading.Event(), []
+  monkeypatch.setattr(checkpoints.manager, 'save', lambda *args, **kwargs: (
+      released.append(release.wait(5)), orbax_save(*args, **kwargs))[1])
+  checkpoints.save(1, state, {'step': 1})
+  release.set()  # only now may Orbax's save go on: a save in this thread would have timed out
+  assert checkpoints.all_steps() == [1] and released == [True]
+  tree, meta = checkpoints.restore(1, {'w': jax.ShapeDtypeStruct((6,), np.float32)})
+  np.testing.assert_array_equal(tree['w'], state['w'])
+  assert meta == {'step': 1}
+  monkeypatch.setattr(checkpoints.manager, 'save', lambda *args, **kwargs: 1 / 0)
+  checkpoints.save(2, state, {'step': 2})
+  with pytest.raises(ZeroDivisionError):
+    checkpoints.wait()
+  checkpoints.close()
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
