@@ -44,8 +44,9 @@ def initialize_distributed():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  initialize_distributed()
   try:
+    config_lib.use_xla_flags(config_lib.validate(_CONFIG.value))  # before JAX starts its backend
+    initialize_distributed()
     trainer.train(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
           trainer.TrainingError) as error:

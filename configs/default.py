@@ -114,4 +114,7 @@ def get_config():
   # Where compiled programs are kept for later runs and eval.py (empty = not kept), e.g.
   # ~/.cache/transformer-nmt/jax: a second run starts without compiling.
   config.compilation_cache_dir = ''
+  # XLA flags for this run (space-separated '--xla_...=value'), added to the XLA_FLAGS environment
+  # variable when train.py or eval.py starts; a flag XLA_FLAGS already names keeps its value.
+  config.xla_flags = ''
   return config

@@ -94,6 +94,8 @@ BAD_VALUES = [
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
     ('loss_reduction', 'fused', "'separate', 'online'"),
+    ('xla_flags', 'xla_gpu_enable_triton_gemm=false', "'--xla_name=value'"),
+    ('xla_flags', '--xla_gpu_autotune_level', "'--xla_name=value'"),
     ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
     ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
     ('compound_split_languages', None, 'comma-separated language codes'),
@@ -270,3 +272,25 @@ def test_the_multi30k_config_quotes_its_measured_results():
     readme = f.read()
   assert (f'| Multi30k, `configs/multi30k.py` | en-de | test2016 | {test["sacrebleu"]:.2f} | '
           f'{test["bleu_paper"]:.2f} | {recipe["train_minutes"]:.1f} minutes |') in readme
+
+
+def test_xla_flags_join_the_environments_which_keeps_its_own_values(monkeypatch, caplog):
+  config = multi30k.get_config()
+  config.xla_flags = '--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=2'
+  monkeypatch.setattr(config_lib.xla_bridge, 'backends_are_initialized', lambda: False)
+  monkeypatch.delenv('XLA_FLAGS', raising=False)
+  config_lib.use_xla_flags(config)
+  assert os.environ['XLA_FLAGS'] == config.xla_flags
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=4 '
+                     '--xla_gpu_autotune_level=4')
+  config_lib.use_xla_flags(config)
+  assert os.environ['XLA_FLAGS'] == ('--xla_force_host_platform_device_count=4 '
+                                     '--xla_gpu_autotune_level=4 '
+                                     '--xla_gpu_enable_triton_gemm=false')
+  # Once the backend runs, XLA no longer reads them: said, and the environment left alone.
+  monkeypatch.setattr(config_lib.xla_bridge, 'backends_are_initialized', lambda: True)
+  monkeypatch.setenv('XLA_FLAGS', '')
+  config_lib.use_xla_flags(config)
+  assert os.environ['XLA_FLAGS'] == ''
+  assert 'config.xla_flags --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=2 not ' \
+      'applied' in caplog.text

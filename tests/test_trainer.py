@@ -28,8 +28,11 @@ from transformer.checkpoints import CheckpointError, Checkpoints
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _env(devices: int, compilation_cache: bool = True) -> dict:
+def _env(devices: int | None, compilation_cache: bool = True) -> dict:
+  """The environment of a train.py process on `devices` CPU devices (None: no XLA_FLAGS)."""
   env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  if devices is None:
+    del env['XLA_FLAGS']
   env.pop('JAX_PLATFORMS', None)
   if not compilation_cache:  # processes running at once could read each other's half-written files
     env.pop('JAX_COMPILATION_CACHE_DIR', None)
@@ -182,7 +185,9 @@ def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_p
   workdir = os.path.join(str(tmp_path), 'run')
   shutil.copytree(full_run, workdir)
   shutil.rmtree(os.path.join(workdir, 'checkpoints', '100'))
-  result = run_train(workdir, '--config.num_train_steps=51', devices=2)
+  # The device count from config.xla_flags, which train.py adds to XLA_FLAGS before JAX starts.
+  result = run_train(workdir, '--config.num_train_steps=51',
+                     '--config.xla_flags=--xla_force_host_platform_device_count=2', devices=None)
   assert ('checkpoint 50 was written on 4 devices, this run has 2: the resumed run sees other '
           'batches') in result.stderr
   assert restore(workdir, 51)[1]['data_shards'] == 2

@@ -9,12 +9,14 @@ import dataclasses
 import json
 import numbers
 import os
+import re
 import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import flags
+from absl import flags, logging
+from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 from etils import epath
 
 from transformer.model import TransformerConfig
@@ -159,6 +161,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_choice(config, 'dropout_rng_impl', ('hash', 'rbg', 'unsafe_rbg', 'threefry2x32'))
   if not isinstance(_get(config, 'compilation_cache_dir'), str):
     _fail('compilation_cache_dir', config.compilation_cache_dir, 'must be a directory or empty')
+  xla_flags = _get(config, 'xla_flags')
+  if not isinstance(xla_flags, str) or not all(
+      re.fullmatch(r'--xla_\w+=\S+', flag) for flag in xla_flags.split()):
+    _fail('xla_flags', xla_flags, "must be empty or space-separated '--xla_name=value' flags")
 
   # Logging and checkpoints (0 = never).
   for key in ('log_every_steps', 'eval_every_steps', 'bleu_every_steps',
@@ -264,11 +270,27 @@ def use_compilation_cache(config: ml_collections.ConfigDict):
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 
 
+def use_xla_flags(config: ml_collections.ConfigDict):
+  """Adds config.xla_flags to the XLA_FLAGS environment variable, which XLA reads when JAX starts
+  its backend: call it before anything runs on a device. A flag XLA_FLAGS already names keeps
+  the environment's value."""
+  current = os.environ.get('XLA_FLAGS', '').split()
+  named = {flag.split('=')[0] for flag in current}
+  missing = [flag for flag in config.xla_flags.split() if flag.split('=')[0] not in named]
+  if not missing:
+    return
+  if xla_bridge.backends_are_initialized():
+    logging.warning('config.xla_flags %s not applied: JAX started its backend before; set '
+                    'XLA_FLAGS before the process starts', ' '.join(missing))
+    return
+  os.environ['XLA_FLAGS'] = ' '.join(current + missing)
+
+
 # Keys added after the first runs, each with the value that keeps the behaviour from before it: a
 # config.json written before them reads as if it held these.
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
-              'loss_reduction': 'separate'}
+              'loss_reduction': 'separate', 'xla_flags': ''}
 
 
 def with_added_keys(stored: dict) -> dict:
