@@ -142,7 +142,11 @@ class _Evaluator:
   def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
     """Compiles the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
     on a background thread: the training steps run meanwhile (on a GPU a cold start spends
-    ~12 s on these programs). Where one is not ready when needed, `loss` and `bleu` wait for it."""
+    ~12 s on these programs). Where one is not ready when needed, `loss` and `bleu` wait for it.
+    Not on several hosts: reading a split gathers from every host, which must not happen beside
+    the training loop's own gathers, and pmap compiles no programs ahead there."""
+    if jax.process_count() > 1:
+      return
     params = compiled.shapes_of(params)  # the state's buffers are donated by the next step
 
     def compile_all():
