@@ -11,6 +11,7 @@
 # multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
 # which configs/multi30k.py turns off: what they cost in compilation and give in speed),
+# multi30k_autotune0 (the same with XLA's autotuning off too: cuBLAS's own choice of kernels),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, ours and flax's, traces kept),
 # vs_flax_multi30k. Logs and results go to
@@ -64,6 +65,13 @@ for stage in "$@"; do
         --config.manual_dir="$data" --config.xla_flags= \
         --config.compilation_cache_dir="$work/jax_cache_triton" --workdir="$work/recipe_triton"
       cp "$work/recipe_triton/metrics.jsonl" "$out/results/multi30k_triton_metrics.jsonl" ;;
+    multi30k_autotune0)
+      run multi30k_train_autotune0 120 python3 train.py --config=configs/multi30k.py \
+        --config.manual_dir="$data" \
+        --config.xla_flags="--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" \
+        --config.compilation_cache_dir="$work/jax_cache_autotune0" \
+        --workdir="$work/recipe_autotune0"
+      cp "$work/recipe_autotune0/metrics.jsonl" "$out/results/multi30k_autotune0_metrics.jsonl" ;;
     base_train)
       run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
