@@ -78,7 +78,10 @@ for stage in "$@"; do
         --config.max_length=128 --config.packing=True --config.num_train_steps=200 \
         --config.log_every_steps=100 --config.eval_every_steps=0 --config.bleu_every_steps=0 \
         --config.checkpoint_every_secs=0 --config.compilation_cache_dir="$cache"
-      cp "$work/base/metrics.jsonl" "$out/results/base_metrics.jsonl" ;;
+      cp "$work/base/metrics.jsonl" "$out/results/base_metrics.jsonl"
+      # The bfloat16 matmul peak right after, for the step's share of it.
+      run base_train_peak 60 python3 -c 'import jax.numpy as jnp; from benchmarks import measure
+print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
     profile_base|profile_base_flax)
       side=ours; [[ $stage == *flax ]] && side=flax
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=256x64 --steps=3 \
@@ -96,8 +99,9 @@ tail -n 4 "$out"/cudnn_check.log 2>/dev/null
 for f in "$out"/results/*.md; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/eval_*/scores.json; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/*metrics.jsonl; do
-  echo "== $f"; grep -v '"split"' "$f" | tail -n 3 | cut -c1-400
+  echo "== $f"; grep -v '"split"' "$f" | tail -n 3 | cut -c1-700
 done
+grep -h 'matmul peak' "$out"/base_train_peak.log 2>/dev/null
 grep -H -E 'compil|vocabulary trained|BLEU at step|step (50|2600)/' "$out"/multi30k_train_*.log |
   cut -c1-220
 exit 0
