@@ -141,8 +141,8 @@ class _Evaluator:
 
   def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
     """Compiles the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
-    on a background thread: the training steps run meanwhile (on a GPU a cold start spends
-    ~12 s on these programs). Where one is not ready when needed, `loss` and `bleu` wait for it.
+    on a background thread: the training steps run meanwhile (on an H100 a cold start of the
+    Multi30k recipe spent 10-30 s on these programs). Where one is not ready when needed, `loss` and `bleu` wait for it.
     Not on several hosts: reading a split gathers from every host, which must not happen beside
     the training loop's own gathers, and pmap compiles no programs ahead there."""
     if jax.process_count() > 1:
@@ -390,7 +390,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         _final_bleu(config, checkpoints, evaluator, stop)
   finally:
     preemption.restore()
+    checkpoints.wait()  # first: a preempted run has seconds left
     evaluator.close()
-    checkpoints.wait()
     checkpoints.close()
     writer.close()
