@@ -63,9 +63,10 @@ class Checkpoints:
                    if jax.process_count() == 1 else None)
     self._saving = []  # the saver's futures not yet checked
 
-  def _saved(self):
-    """Waits until every save has started; raises the error of one that failed."""
-    while self._saving:
+  def _saved(self, pending: int = 0):
+    """Waits until all saves but the last `pending` have started; raises the error of one that
+    failed."""
+    while len(self._saving) > pending:
       self._saving.pop(0).result()
 
   def all_steps(self) -> list[int]:
@@ -91,8 +92,7 @@ class Checkpoints:
     if self._saver is None:
       save()
       return
-    while len(self._saving) > 1:  # each waiting save holds a copy of the state: one at most
-      self._saving.pop(0).result()
+    self._saved(pending=1)  # each waiting save holds a copy of the state: one at most
     self._saving.append(self._saver.submit(save))
 
   def restore(self, step: int, like):
