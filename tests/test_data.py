@@ -178,6 +178,40 @@ def test_other_hosts_wait_for_process_0_then_give_up_naming_the_file(tmp_path, m
 
 # Training batches.
 
+def test_ragged_take_gathers_sequences_in_any_order():
+  ragged = token_store.Ragged(np.arange(10, 20), np.array([3, 0, 2, 5]))  # [10 11 12] [] ...
+  taken = ragged.take(np.array([3, 0, 1, 0, 2]))
+  np.testing.assert_array_equal(taken.lengths, [5, 3, 0, 3, 2])
+  np.testing.assert_array_equal(taken.flat, [15, 16, 17, 18, 19, 10, 11, 12, 10, 11, 12, 13, 14])
+  np.testing.assert_array_equal(taken[4], [13, 14])
+  empty = ragged.take(np.zeros(0, np.int64))
+  assert empty.flat.size == 0 and empty.lengths.size == 0
+
+
+def test_a_batch_row_holds_its_pairs_back_to_back(corpus):
+  """Row r of device d is the pairs of the shard's row r, their tokens one after another."""
+  config, vocab, _ = corpus
+  config = with_packing(config, True)
+  batches = data.train_batches(config, vocab, num_devices=2)._batches
+  rows = batches.rows_per_batch[-1]
+  # A batch in which a device has fewer rows than the batch: the rest are all padding.
+  length, device_rows = next(b for b in batches.plan(0) if min(map(len, b[1])) < rows)
+  batch = batches.fill(length, device_rows)
+  for device, (shard, row_ids) in enumerate(zip(batches.shards, device_rows)):
+    for row, row_id in enumerate(row_ids.tolist()):
+      pairs = shard.rows[row_id].tolist()
+      for side, ragged in (('source', shard.encoded.sources), ('target', shard.encoded.targets)):
+        expected = np.zeros((3, length), np.int32)  # tokens, segment ids, positions
+        ids = np.concatenate([ragged[pair] for pair in pairs])
+        expected[:, :len(ids)] = (ids, np.repeat(np.arange(1, len(pairs) + 1),
+                                                 [len(ragged[p]) for p in pairs]),
+                                  np.concatenate([np.arange(len(ragged[p])) for p in pairs]))
+        np.testing.assert_array_equal(
+            [batch[f'{side}{suffix}'][device, row] for suffix in
+             ('s', '_segment_ids', '_positions')], expected)
+    assert not batch['sources'][device, len(row_ids):].any()
+
+
 def with_packing(config, packing: bool):
   """A copy of `config` batching with or without packing."""
   config = config.copy_and_resolve_references()

@@ -81,8 +81,8 @@ def select(tokenized: Tokenized, max_length: int, indices: np.ndarray) -> Encode
   empty = (source <= 1) | (target <= 1)  # EOS alone
   too_long = ~empty & (np.maximum(source, target) > max_length)
   kept = indices[~empty & ~too_long]
-  return EncodedSplit(tokenized.name, kept, tokenized.sources.subset(kept),
-                      tokenized.targets.subset(kept), int(empty.sum()), int(too_long.sum()))
+  return EncodedSplit(tokenized.name, kept, tokenized.sources.take(kept),
+                      tokenized.targets.take(kept), int(empty.sum()), int(too_long.sum()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,18 +251,24 @@ class Batches:
       names += ['source_segment_ids', 'source_positions', 'target_segment_ids',
                 'target_positions']
     arrays = {name: np.zeros(shape, np.int32) for name in names}
+    # Vectorised over rows and pairs: on a GPU the host has a few milliseconds per step for it
+    # and the step's dispatch.
     for device, (shard, row_ids) in enumerate(zip(self.shards, device_rows)):
-      for row, row_id in enumerate(row_ids.tolist()):
-        for side, ragged in (('source', shard.encoded.sources), ('target', shard.encoded.targets)):
-          start = 0
-          for segment, pair in enumerate(shard.rows[row_id].tolist(), 1):
-            ids = ragged[pair]
-            end = start + len(ids)
-            arrays[f'{side}s'][device, row, start:end] = ids
-            if self._segments:
-              arrays[f'{side}_segment_ids'][device, row, start:end] = segment
-              arrays[f'{side}_positions'][device, row, start:end] = np.arange(len(ids))
-            start = end
+      pairs = shard.rows.take(row_ids)  # the pair ids of each row, back to back
+      row_of_pair = np.repeat(np.arange(len(row_ids)), pairs.lengths)
+      segment_of_pair = np.arange(len(pairs.flat)) - np.repeat(pairs.offsets[:-1], pairs.lengths)
+      for side, ragged in (('source', shard.encoded.sources), ('target', shard.encoded.targets)):
+        tokens = ragged.take(pairs.flat)
+        row = np.repeat(row_of_pair, tokens.lengths)
+        row_tokens = np.bincount(row_of_pair, tokens.lengths, len(row_ids)).astype(np.int64)
+        index = np.arange(len(tokens.flat))
+        column = index - (np.cumsum(row_tokens) - row_tokens)[row]
+        arrays[f'{side}s'][device, row, column] = tokens.flat
+        if self._segments:
+          arrays[f'{side}_segment_ids'][device, row, column] = np.repeat(segment_of_pair + 1,
+                                                                         tokens.lengths)
+          arrays[f'{side}_positions'][device, row, column] = index - np.repeat(
+              tokens.offsets[:-1], tokens.lengths)
     return arrays
 
 
