@@ -7,6 +7,7 @@ The only module besides checkpoints.py that touches the workdir:
   checkpoints/    Orbax checkpoints (see checkpoints.py)
 """
 
+import concurrent.futures
 import json
 import signal
 import threading
@@ -90,19 +91,20 @@ def _agree(*flags: bool) -> tuple[bool, ...]:
   return tuple(bool(x) for x in multihost_utils.process_allgather(np.array(flags)).any(axis=0))
 
 
-def _restore(checkpoints: Checkpoints, state: train_step.TrainState):
-  """The latest checkpoint's state and data position; `state` and 0 when there is none."""
+def _restore(checkpoints: Checkpoints, config) -> tuple[dict | None, int, int]:
+  """(the latest checkpoint's params and opt_state, its step, its data position); (None, 0, 0)
+  when there is none."""
   latest = checkpoints.latest_step()
   if latest is None:
-    return state, 0
-  tree, meta = checkpoints.restore(latest, {'params': state.params, 'opt_state': state.opt_state})
+    return None, 0, 0
+  tree, meta = checkpoints.restore(latest, state_shapes(config))
   logging.info('resumed from step %d (data position %d)', meta['step'], meta['data_position'])
   if meta.get('data_shards') != jax.device_count():
     # The data is sharded by device: another device count gives other batches.
     logging.warning('checkpoint %d was written on %s devices, this run has %d: the resumed run '
                     'sees other batches than an uninterrupted one would', meta['step'],
                     meta.get('data_shards', 'an unrecorded number of'), jax.device_count())
-  return state.replace(step=meta['step'], **tree), meta['data_position']
+  return tree, meta['step'], meta['data_position']
 
 
 def _optimizer_step(steps: train_step.StepFunctions, grad_accum_steps: int):
@@ -325,20 +327,24 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
-  vocab = data.load_or_train_vocabulary(config, workdir)
   model_config = config_lib.model_config(config)
   steps = train_step.StepFunctions(config, model_config)
-  state = train_step.initial_state(config, model_config)
-  parameters_per_token = model.parameters_per_token(state.params)
-  logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
-  checkpoints = Checkpoints(workdir, config.keep_checkpoints)
-  state, data_position = _restore(checkpoints, state)
-  start_step = int(state.step)
-  state = jax_utils.replicate(state)
-
   shard = dict(process_index=jax.process_index(), process_count=jax.process_count(),
                num_devices=jax.local_device_count())
-  batches = data.train_batches(config, vocab, start_position=data_position, **shard)
+  with concurrent.futures.ThreadPoolExecutor(1, 'initial_state') as pool:
+    # The initialisers compile and run while the data is prepared (1-2 s on a cold start).
+    initial_state = pool.submit(train_step.initial_state, config, model_config)
+    vocab = data.load_or_train_vocabulary(config, workdir)
+    checkpoints = Checkpoints(workdir, config.keep_checkpoints)
+    restored, start_step, data_position = _restore(checkpoints, config)
+    batches = data.train_batches(config, vocab, start_position=data_position, **shard)
+    state = initial_state.result()
+  if restored is not None:
+    state = state.replace(step=start_step, **restored)
+  parameters_per_token = model.parameters_per_token(state.params)
+  logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
+  state = jax_utils.replicate(state)
+
   optimizer_step = _optimizer_step(steps, config.grad_accum_steps)
   writer = metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0)
   # Indented four spaces: a code block in the Text tab's markdown.
