@@ -9,6 +9,8 @@
 # variant, in separate passes),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016),
 # multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# multi30k_one_checkpoint (as multi30k_warm, but only the last step is checkpointed: what the 26
+# checkpoints cost the loop),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
 # which configs/multi30k.py turns off: what they cost in compilation and give in speed),
 # multi30k_autotune0 (the same with XLA's autotuning off too: cuBLAS's own choice of kernels),
@@ -51,7 +53,7 @@ for stage in "$@"; do
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
       run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --beam_shape= --repeats=10 --variant=loss_reduction=separate \
+        --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_reduction=separate \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"
@@ -60,6 +62,9 @@ for stage in "$@"; do
       cp "$work/recipe/metrics.jsonl" "$out/results/multi30k_metrics.jsonl" ;;
     multi30k_warm)
       run multi30k_train_warm 240 "${recipe[@]}" --workdir="$work/recipe_warm" ;;
+    multi30k_one_checkpoint)
+      run multi30k_train_one_checkpoint 240 "${recipe[@]}" --workdir="$work/recipe_one_checkpoint" \
+        --config.checkpoint_every_steps=0 --config.average_last=1 ;;
     multi30k_triton)
       run multi30k_train_triton 120 python3 train.py --config=configs/multi30k.py \
         --config.manual_dir="$data" --config.xla_flags= \
@@ -88,7 +93,8 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
         --name="${stage}_gpu" ;;
     vs_flax_multi30k)
-      run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 --repeats=10 \
+      run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 \
+        --steps_per_call=1,5 --repeats=10 \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_multi30k_gpu ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -1,8 +1,8 @@
 r"""Our train step and beam search against flax's examples/wmt, timed alternately in one process.
 
   python -m benchmarks.vs_flax [--size=multi30k|base] [--variant='key=value ...'] [--repeats=15]
-      [--train_shapes=128x32,...] [--beam_shape=64x24 or ''] [--name=vs_flax] [--flax_dir=DIR]
-      [--ours=CHECKOUT]
+      [--train_shapes=128x32,...] [--steps_per_call=1,5] [--beam_shape=64x24 or ''] [--name=vs_flax]
+      [--flax_dir=DIR] [--ours=CHECKOUT]
 
 The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
 `pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
@@ -19,7 +19,10 @@ Both run on the same random batches: each side of each row has a length drawn un
 round times every side once (the order rotating); times are medians and each ratio is the median
 of the rounds' ratios.
 
-- train: one pmapped training step (forward, backward, Adam), each side's own `train_step`.
+- train: one pmapped training step (forward, backward, Adam), each side's own `train_step`. For
+  each N in --steps_per_call a row in which each timed call runs N steps and waits only for the
+  last, as a training loop does: with N > 1 the dispatch and wait that a lone step adds
+  (milliseconds on a GPU) overlap the device's work. Times are per step.
 - beam: beam search, beam 4, alpha 0.6, on 64 sentences of 24 tokens, decoded to the length
   limit (source + 50 tokens) by both: the EOS row of each side's embedding is zeroed, so EOS is
   never a top candidate, and our search reports how many steps it ran. Flax's time includes its
@@ -52,6 +55,9 @@ _FLAX_DIR = flags.DEFINE_string(
 _REPEATS = flags.DEFINE_integer('repeats', 15, 'Rounds timed; each runs both sides once.')
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
                                   'Training batches, rows x length.')
+_STEPS_PER_CALL = flags.DEFINE_list(
+    'steps_per_call', ['1'], 'Training steps per timed call, waiting only for the last: a row '
+    'for each.')
 _BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24',
                                   "Beam search batch, sentences x length; '' for none.")
 _SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The models\' config.')
@@ -93,18 +99,21 @@ def main(argv):
   for shape in map(parse_shape, _TRAIN_SHAPES.value):
     batch = random_batch(rng, *shape, mine.model_config.vocab_size)
     sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
-    sides = {name: functools.partial(side.train, sharded) for name, side in ours.items()}
-    sides['flax'] = functools.partial(reference.train, sharded)
-    for fn in sides.values():  # compile, and a first step off the clock
-      fn()
-      fn()
     flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
                  decoder_params * (batch['targets'] > 0).sum())
-    results['train'].append({
-        'shape': 'x'.join(map(str, shape)),
-        'real_token_fraction': float((batch['targets'] > 0).mean()),
-        'sides': {name: {**timing, 'model_flops_per_sec': float(flops / timing['secs'])}
-                  for name, timing in alternate(sides, repeats).items()}})
+    for steps in map(int, _STEPS_PER_CALL.value):
+      sides = {name: functools.partial(side.train, sharded, steps) for name, side in ours.items()}
+      sides['flax'] = functools.partial(reference.train, sharded, steps)
+      for fn in sides.values():  # compile, and a first call off the clock
+        fn()
+        fn()
+      results['train'].append({
+          'shape': 'x'.join(map(str, shape)),
+          'steps_per_call': steps,
+          'real_token_fraction': float((batch['targets'] > 0).mean()),
+          'sides': {name: {**timing, 'secs': timing['secs'] / steps,
+                           'model_flops_per_sec': float(flops * steps / timing['secs'])}
+                    for name, timing in alternate(sides, repeats).items()}})
 
   if _BEAM_SHAPE.value:
     results['beam'] = beam(mine, reference, rng, repeats)
@@ -164,7 +173,9 @@ def markdown(results: dict) -> str:
       '| step | batch | ours (config overrides) | ours (ms) | flax examples/wmt (ms) | '
       'flax / ours | ours TFLOP/s | flax TFLOP/s |',
       '| --- | --- | --- | --- | --- | --- | --- | --- |',
-      *(line for r in results['train'] for line in rows('train', r)),
+      *(line for r in results['train'] for line in rows(
+          f'train, {r["steps_per_call"]} steps per call' if r.get('steps_per_call', 1) > 1
+          else 'train', r)),
       *beam_rows]) + '\n'
 
 

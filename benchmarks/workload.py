@@ -82,8 +82,11 @@ class Ours:
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.parameters = model.parameters_per_token(jax_utils.unreplicate(self.state.params))
 
-  def train(self, batch):
-    self.state, metrics = self.p_train_step(self.state, batch)
+  def train(self, batch, steps: int = 1):
+    """`steps` training steps on `batch`, waiting only for the last (as train.py waits only at
+    log steps)."""
+    for _ in range(steps):
+      self.state, metrics = self.p_train_step(self.state, batch)
     jax.block_until_ready(metrics)
 
   def train_hlo(self, batch) -> str:
@@ -188,9 +191,11 @@ class Flax:
     self.dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
     self.predict_config = self.model_config.replace(deterministic=True, decode=True)
 
-  def train(self, batch):
-    self.state, metrics = self.p_train_step(self.state, self._batch(batch),
-                                            dropout_rng=self.dropout_rngs)
+  def train(self, batch, steps: int = 1):
+    """As `Ours.train`."""
+    for _ in range(steps):
+      self.state, metrics = self.p_train_step(self.state, self._batch(batch),
+                                              dropout_rng=self.dropout_rngs)
     jax.block_until_ready(metrics)
 
   def train_hlo(self, batch) -> str:
