@@ -22,7 +22,7 @@ from tensorboardX.proto import event_pb2
 from conftest import train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import compiled, data, train_step
+from transformer import compiled, data, train_step, trainer
 from transformer.checkpoints import CheckpointError, Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,19 +76,32 @@ def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
   compile_program = compiled.Programs._compile
+  optimizer_step, compile_ahead = trainer._optimizer_step, trainer._Evaluator.compile_ahead
+  steps_run = []
+
+  def counted_optimizer_step(*args):
+    step = optimizer_step(*args)
+    return lambda *a: steps_run.append(1) or step(*a)
+
   with pytest.MonkeyPatch.context() as patch:  # notes which thread compiled each program
     patch.setattr(compiled.Programs, '_compile', lambda programs, args: COMPILED_ON.append(
         (programs.pmapped.__name__, threading.current_thread().name)) or compile_program(
             programs, args))
+    patch.setattr(trainer, '_optimizer_step', counted_optimizer_step)
+    patch.setattr(trainer._Evaluator, 'compile_ahead', lambda *args: STEPS_BEFORE_COMPILE_AHEAD
+                  .append(len(steps_run)) or compile_ahead(*args))
     train_in_process(workdir)
   return workdir
 
 
 COMPILED_ON = []  # full_run's (function, thread) of each program compiled
+STEPS_BEFORE_COMPILE_AHEAD = []  # training steps started before compile_ahead, at each call
 
 
 def test_evaluation_programs_compile_on_a_thread_while_training_runs(full_run):
-  """The validation loss step and both splits' beam searches: each compiled once, ahead."""
+  """The validation loss step and both splits' beam searches: each compiled once, ahead, once
+  the first training step has compiled its program alone."""
+  assert STEPS_BEFORE_COMPILE_AHEAD == [1]
   functions = {function for function, _ in COMPILED_ON}
   assert functions == {'eval_step', 'search'}  # the loss step, the beam search
   assert all(thread == 'compile_ahead' for _, thread in COMPILED_ON), COMPILED_ON

@@ -144,9 +144,10 @@ class _Evaluator:
   def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
     """Compiles the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
     on a background thread: the training steps run meanwhile (on an H100 a cold start of the
-    Multi30k recipe spent 10-30 s on these programs). Where one is not ready when needed, `loss` and `bleu` wait for it.
-    Not on several hosts: reading a split gathers from every host, which must not happen beside
-    the training loop's own gathers, and pmap compiles no programs ahead there."""
+    Multi30k recipe spent 10-30 s on these programs). Where one is not ready when needed, `loss`
+    and `bleu` wait for it. Not on several hosts: reading a split gathers from every host, which
+    must not happen beside the training loop's own gathers, and pmap compiles no programs ahead
+    there."""
     if jax.process_count() > 1:
       return
     params = compiled.shapes_of(params)  # the state's buffers are donated by the next step
@@ -356,13 +357,15 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   stop = lambda: _agree(preemption.received)[0]  # for long evaluations
   scheduled = (config.log_every_steps, config.eval_every_steps, config.bleu_every_steps,
                config.checkpoint_every_steps)
-  if start_step < config.num_train_steps:  # the final BLEU translates validation and test
-    evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
-                            ['validation', 'test'])
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, batches)
+      if step == start_step + 1:
+        # Once the training programs, needed first, have compiled alone. The final BLEU
+        # translates validation and test.
+        evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
+        evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
+                                ['validation', 'test'])
       log.add(step_metrics)
       last = step == config.num_train_steps
       preempted = secs_due = False
