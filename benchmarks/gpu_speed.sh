@@ -10,7 +10,9 @@
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016),
 # multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
 # multi30k_one_checkpoint (as multi30k_warm, but only the last step is checkpointed: what the 26
-# checkpoints cost the loop),
+# checkpoints cost the loop), multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy
+# on the PATH: which thread holds the GIL, then every thread's Python and native frames; speedscope
+# files in OUT/results),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
 # which configs/multi30k.py turns off: what they cost in compilation and give in speed),
 # multi30k_autotune0 (the same with XLA's autotuning off too: cuBLAS's own choice of kernels),
@@ -65,6 +67,14 @@ for stage in "$@"; do
     multi30k_one_checkpoint)
       run multi30k_train_one_checkpoint 240 "${recipe[@]}" --workdir="$work/recipe_one_checkpoint" \
         --config.checkpoint_every_steps=0 --config.average_last=1 ;;
+    multi30k_pyspy)
+      for mode in gil native; do
+        # Native frames need the process paused at each sample: fewer samples.
+        [[ $mode == gil ]] && spy=(--gil --nonblocking -r 200) || spy=(--native --idle -r 50)
+        run "multi30k_pyspy_$mode" 240 "${PY_SPY:-py-spy}" record --threads "${spy[@]}" \
+          -f speedscope -o "$out/results/multi30k_pyspy_$mode.json" -- \
+          "${recipe[@]}" --workdir="$work/recipe_pyspy_$mode"
+      done ;;
     multi30k_triton)
       run multi30k_train_triton 120 python3 train.py --config=configs/multi30k.py \
         --config.manual_dir="$data" --config.xla_flags= \
