@@ -416,6 +416,33 @@ def test_eval_batches_pack_the_split_once_into_one_shape_all_hosts_share(corpus,
   assert collections.Counter(seen) == all_pairs(encode_all(config, vocab, 'validation'))
 
 
+def test_a_corpus_keeps_its_last_read():
+  """A first run trains the vocabulary on the pairs it then tokenizes: one read of the text."""
+  reads = []
+
+  def read(indices):
+    reads.append(list(indices))
+    return [f's{i}' for i in indices], [f't{i}' for i in indices]
+
+  corpus = sources.Corpus('pairs', 'digest', lambda: (5, read))
+  assert corpus.texts(range(5)) == corpus.texts([0, 1, 2, 3, 4]) == (
+      ['s0', 's1', 's2', 's3', 's4'], ['t0', 't1', 't2', 't3', 't4'])
+  assert corpus.texts([3, 1]) == (['s3', 's1'], ['t3', 't1'])
+  assert reads == [[0, 1, 2, 3, 4], [3, 1]]
+
+
+def test_the_training_split_is_read_once_for_the_vocabulary_and_the_batches(tmp_path,
+                                                                           monkeypatch):
+  config = text_config(tmp_path, tfds_data_dir=str(tmp_path / 'prepared'))  # nothing stored yet
+  corpus = data.load_split(config, 'train')
+  reads = []
+  size, read = corpus._open()
+  monkeypatch.setattr(corpus, '_open', lambda: (size, lambda i: reads.append(1) or read(i)))
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path / 'workdir'), corpus=corpus)
+  batches = data.train_batches(config, vocab, corpus=corpus)
+  assert len(reads) == 1 and next(batches)['sources'].any()
+
+
 def test_split_texts_are_the_raw_pairs_in_order(corpus):
   config, _, _ = corpus
   sources, references = data.split_texts(config, 'validation')

@@ -335,10 +335,15 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   with concurrent.futures.ThreadPoolExecutor(1, 'initial_state') as pool:
     # The initialisers compile and run while the data is prepared (1-2 s on a cold start).
     initial_state = pool.submit(train_step.initial_state, config, model_config)
-    vocab = data.load_or_train_vocabulary(config, workdir)
+    # Read once for the vocabulary and the batches. Other hosts load it once process 0 has
+    # prepared it and the vocabulary.
+    corpus = data.load_split(config, 'train') if jax.process_index() == 0 else None
+    vocab = data.load_or_train_vocabulary(config, workdir, corpus=corpus)
     checkpoints = Checkpoints(workdir, config.keep_checkpoints)
     restored, start_step, data_position = _restore(checkpoints, config)
-    batches = data.train_batches(config, vocab, start_position=data_position, **shard)
+    batches = data.train_batches(config, vocab, start_position=data_position, corpus=corpus,
+                                 **shard)
+    del corpus  # the text it read
     state = initial_state.result()
   if restored is not None:
     state = state.replace(step=start_step, **restored)

@@ -6,9 +6,11 @@ sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arr
 'sources', 'targets' and, with config.packing, 'source_segment_ids', 'source_positions',
 'target_segment_ids', 'target_positions'.
 
-  vocab = load_or_train_vocabulary(config, workdir)
+  corpus = load_split(config, 'train')  # optional: its text is read once for both below
+  vocab = load_or_train_vocabulary(config, workdir, corpus=corpus)
   # Every host at once (they all-gather their shard sizes); each reads only its devices' shards.
-  batches = train_batches(config, vocab, process_index, process_count, num_devices, start_position)
+  batches = train_batches(config, vocab, process_index, process_count, num_devices, start_position,
+                          corpus=corpus)
   next(batches); batches.position  # batches yielded so far: restart from it with start_position
   for batch in eval_batches(config, vocab, 'validation', ...): ...
   sources, references = split_texts(config, 'test')
@@ -17,11 +19,11 @@ sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arr
 
 from transformer.data.batching import eval_batches, train_batches
 from transformer.data.errors import DataError
-from transformer.data.sources import split_texts
+from transformer.data.sources import load_split, split_texts
 from transformer.data.text_files import decode_lines, read_lines
 from transformer.data.vocabulary import (EOS_ID, PAD_ID, UNK_ID, Vocabulary,
                                          load_or_train_vocabulary, load_vocabulary)
 
 __all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'decode_lines',
-           'eval_batches', 'load_or_train_vocabulary', 'load_vocabulary', 'read_lines',
-           'split_texts', 'train_batches']
+           'eval_batches', 'load_or_train_vocabulary', 'load_split', 'load_vocabulary',
+           'read_lines', 'split_texts', 'train_batches']

@@ -185,11 +185,13 @@ class Batches:
   """A split's batches on this host: one plan shared by all hosts, filled from local shards."""
 
   def __init__(self, config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
-               where: Layout, pack_rows: bool, all_gather: AllGather):
+               where: Layout, pack_rows: bool, all_gather: AllGather,
+               corpus: sources.Corpus | None = None):
     self.buckets = bucket_lengths(config.max_length)
     # Packed batches, even those of single-pair rows, carry segment ids and positions.
     self.where, self._segments, self._seed = where, pack_rows, config.seed
-    tokenized = token_store.load_or_tokenize(config, sources.load_split(config, split), vocab)
+    tokenized = token_store.load_or_tokenize(config, corpus or sources.load_split(config, split),
+                                             vocab)
     order = rng(config.seed, SHARDING).permutation(len(tokenized))
     self.shards = [arrange(select(tokenized, config.max_length,
                                   np.sort(order[device::where.num_shards])),
@@ -299,7 +301,8 @@ class TrainBatches:
 
 def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_index: int = 0,
                   process_count: int = 1, num_devices: int = 1, start_position: int = 0,
-                  all_gather: AllGather = all_hosts) -> TrainBatches:
+                  all_gather: AllGather = all_hosts,
+                  corpus: sources.Corpus | None = None) -> TrainBatches:
   """Endless training batches for this host, from batch number `start_position` on.
 
   Every host calls it at once: `all_gather` exchanges the hosts' shard sizes.
@@ -312,6 +315,7 @@ def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_
     num_devices: this host's devices.
     start_position: batches already trained on (a checkpoint's data position).
     all_gather: stacks every host's array in process order (`all_hosts`; tests pass a stand-in).
+    corpus: the training split (`load_split`), if already loaded.
 
   Returns:
     A `TrainBatches` iterator of dicts of int32 [num_devices, rows, length] arrays (see the
@@ -321,7 +325,7 @@ def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_
     DataError: unusable data or data settings; the message names the key or file.
   """
   where = layout(config, process_index, process_count, num_devices)
-  return TrainBatches(Batches(config, vocab, 'train', where, config.packing, all_gather),
+  return TrainBatches(Batches(config, vocab, 'train', where, config.packing, all_gather, corpus),
                       start_position)
 
 

@@ -34,18 +34,24 @@ class Corpus:
 
   `digest` names the split's content in this language order, so that what is derived from it
   (the vocabulary, the token ids) is made once and found again; `open()` gives (size, reader) and
-  is called on first use only: a run whose token ids are stored never reads the text.
+  is called on first use only: a run whose token ids are stored never reads the text. The last
+  read is kept: a first run trains its vocabulary on the pairs it then tokenizes.
   """
 
   def __init__(self, name: str, digest: str, open_: Callable[[], tuple[int, Reader]]):
     self.name, self.digest = name, digest
     self._open = functools.cache(open_)
+    self._last_read = None  # (indices, texts)
 
   def __len__(self) -> int:
     return self._open()[0]
 
   def texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
-    return self._open()[1](indices)
+    """(sources, targets) of the pairs at `indices`; the lists may be shared: do not change them."""
+    indices = tuple(indices)
+    if self._last_read is None or self._last_read[0] != indices:
+      self._last_read = indices, self._open()[1](indices)
+    return self._last_read[1]
 
 
 def digest(*parts) -> str:

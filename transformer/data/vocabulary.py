@@ -100,15 +100,18 @@ def load_or_train_model(config: ml_collections.ConfigDict, corpus: sources.Corpu
 
 
 def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
-                             process_index: int | None = None) -> Vocabulary:
+                             process_index: int | None = None,
+                             corpus: sources.Corpus | None = None) -> Vocabulary:
   """The vocabulary in `<workdir>/vocab/`: process 0 puts it there first (the stored one, or
-  trained and stored: `load_or_train_model`); other hosts wait for it."""
+  trained and stored: `load_or_train_model` on `corpus`, the training split, loaded if not
+  given); other hosts wait for it."""
   path = os.path.join(workdir, MODEL_FILE)
   if process_index is None:
     process_index = jax.process_index()
   if not epath.Path(path).exists():
     if process_index == 0:
-      write_atomically(path, load_or_train_model(config, sources.load_split(config, 'train')))
+      corpus = corpus or sources.load_split(config, 'train')
+      write_atomically(path, load_or_train_model(config, corpus))
     else:
       logging.info('waiting for process 0 to write the vocabulary: %s', path)
       deadline = time.time() + WAIT_SECS
