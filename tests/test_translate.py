@@ -56,6 +56,15 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   assert outputs[LENGTH_STEP] == outputs[4096]
 
 
+def test_compiling_ahead_stops_when_told(tmp_path):
+  translator, params, sentences = untrained_translator(tmp_path)
+  translator.tokens_per_device = LENGTH_STEP  # one sentence per call: several shapes
+  translator.compile(params, sentences, stop=lambda: len(translator.programs.compiled) == 1)
+  assert len(translator.programs.compiled) == 1
+  translator.compile(params, sentences)
+  assert len(translator.programs.compiled) > 1
+
+
 def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path, monkeypatch):
   # Two hosts played one after the other in this process, each with this process's devices; the
   # all-gather is played back from what the first round of both hosts left.

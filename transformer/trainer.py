@@ -140,6 +140,7 @@ class _Evaluator:
     self.batches = {}  # split -> its loss batches
     self.texts = {}  # split -> (sources, references)
     self._compiling = None  # the thread of compile_ahead
+    self._closing = threading.Event()  # tells it to stop after the program it is compiling
 
   def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
     """Compiles the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
@@ -157,23 +158,28 @@ class _Evaluator:
       try:
         for split in loss_splits:
           for batch in self._loss_batches(split):
+            if self._closing.is_set():
+              return
             self._eval_program(params, batch)
         for split in bleu_splits:
           try:
-            self.translator.compile(params, self._texts(split)[0])
+            self.translator.compile(params, self._texts(split)[0], stop=self._closing.is_set)
           except data.DataError:
             pass  # `bleu` reports it when it gets there
       except Exception as error:
         # `loss` and `bleu` meet it again where they need the program, and stop the run there.
         logging.warning('compiling the evaluation programs ahead stopped: %s', error)
         return
-      logging.info('evaluation programs compiled ahead in %.1f s', time.time() - began)
+      if not self._closing.is_set():  # else `close` stopped it before the end
+        logging.info('evaluation programs compiled ahead in %.1f s', time.time() - began)
 
     self._compiling = threading.Thread(target=compile_all, name='compile_ahead')
     self._compiling.start()
 
   def close(self):
-    """Waits for `compile_ahead`'s thread."""
+    """Stops `compile_ahead`'s thread after the program it is compiling, and waits for it (a
+    preempted run has seconds left)."""
+    self._closing.set()
     if self._compiling is not None:
       self._compiling.join()
 

@@ -118,13 +118,16 @@ class Translator:
     return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
                                    self.devices * jax.process_count())
 
-  def compile(self, params, sentences: list[str]):
-    """Compiles the beam searches that translating `sentences` takes, as `translate` would first.
+  def compile(self, params, sentences: list[str], stop=None):
+    """Compiles the beam searches that translating `sentences` takes, as `translate` would first;
+    `stop`, called before each, ends it when it returns True.
 
     Raises:
       DataError: as `translate`.
     """
     for _, rows, length in self._plan(sentences)[1]:
+      if stop is not None and stop():
+        return
       self._search_for(params, rows, length)
 
   def translate(self, params, sentences: list[str], progress: bool = False,
