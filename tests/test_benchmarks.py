@@ -1,10 +1,12 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
 results table, the step-cost comparison's configs, rounds and ratios, the generated WMT-sized
-corpus."""
+corpus, the start-up milestones."""
 
 import gzip
 import json
 import os
+import subprocess
+import sys
 import types
 
 import jax
@@ -14,6 +16,8 @@ import pytest
 from benchmarks import reproduce_multi30k, step_cost, wmt_scale
 from benchmarks.measure import round_robin
 from benchmarks.profile_step import hlo_classes, operation_seconds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_hlo_operations_are_classed_by_what_they_compute():
@@ -180,3 +184,20 @@ def test_the_wmt_scale_table_is_its_results_file():
   assert max(run['peak_memory_gib'] for run in (measured['prepare'], measured['first_start'],
                                                  measured['resume'])) <= 8
   assert measured['stored']['bytes'] < 2.2 * sum(measured['stored']['tokens'])
+
+
+def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint(tmp_path):
+  workdir = tmp_path / 'run'
+  subprocess.run([sys.executable, '-m', 'benchmarks.start_up', '--config=configs/tiny.py',
+                  '--steps=40', f'--workdir={workdir}', f'--output={tmp_path}', '--label=tiny'],
+                 cwd=ROOT, check=True, capture_output=True)
+  with open(tmp_path / 'start_up.json') as f:
+    row = json.load(f)['tiny']
+  milestones = row['milestones']
+  assert list(milestones) == ['first_log_line', 'first_training_row', 'last_checkpoint']
+  assert 0 < milestones['first_log_line'] < milestones['first_training_row'] <= milestones[
+      'last_checkpoint']
+  assert row['overrides'] == ['num_train_steps=40'] and not row['fresh_data']
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['40']  # the last; then stopped
+  assert 'sacreBLEU' not in (workdir / 'train.log').read_text()  # stopped before a BLEU
+  assert '| tiny |' in (tmp_path / 'start_up.md').read_text()

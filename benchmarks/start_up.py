@@ -1,0 +1,144 @@
+r"""How long train.py takes from its launch to its first log line, its first log row of training
+and its last checkpoint.
+
+  python -m benchmarks.start_up --manual_dir=../shared/data/multi30k [--label=NAME]
+      [--config=configs/multi30k.py] [--checkout=DIR] [--fresh_data] [--steps=N]
+      [--override=key=value ...] [--workdir=DIR] [--run_to_exit]
+
+Runs the checkout's `python train.py --config=...` in a new workdir, with --steps steps if given,
+and notes when each milestone comes, in seconds from the launch: its first log line (imports,
+flags, the backend), its first training row of metrics.jsonl (the data, the vocabulary, the
+compilation and config.log_every_steps steps), and its last checkpoint's directory (Orbax makes it
+when the checkpoint is complete). train.py is then stopped: what comes after (the closing BLEU,
+the exit) is not start-up. --run_to_exit lets it finish and notes its exit too. With --fresh_data
+the data and vocabulary go to a new TFDS directory, as on a new machine: Multi30k is prepared and
+the vocabulary trained within the run.
+
+Adds a row under --label to benchmarks/results/start_up.{json,md}.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+from benchmarks.measure import add_row, commit, machine, machine_name
+from benchmarks.multi30k_setup import MANUAL_DIR
+
+_CHECKOUT = flags.DEFINE_string('checkout', os.path.dirname(os.path.dirname(__file__)),
+                                'The repository checkout whose train.py runs.')
+_CONFIG = flags.DEFINE_string('config', 'configs/multi30k.py', 'The config, in the checkout.')
+_LABEL = flags.DEFINE_string('label', 'current', 'Name of this measurement in the results.')
+_STEPS = flags.DEFINE_integer('steps', 0, 'config.num_train_steps; 0 keeps the config\'s.')
+_FRESH_DATA = flags.DEFINE_bool('fresh_data', False,
+                                'Prepare the data and train the vocabulary anew, in a new TFDS '
+                                'directory.')
+_OVERRIDES = flags.DEFINE_multi_string('override', [],
+                                       'key=value: a config key given to train.py (repeatable).')
+_WORKDIR = flags.DEFINE_string('workdir', '', 'The run\'s workdir (kept); default: a temporary '
+                               'one.')
+_RUN_TO_EXIT = flags.DEFINE_bool('run_to_exit', False, 'Let train.py finish; note its exit.')
+_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                              'Where start_up.json and start_up.md go.')
+
+MILESTONES = ('first_log_line', 'first_training_row', 'last_checkpoint', 'exit')
+POLL_SECS = 0.02
+
+
+def last_step(checkout: str, args: list[str]) -> int:
+  """config.num_train_steps of train.py's --config with its overrides `args`."""
+  code = ('import sys; from transformer import config as c; from absl import flags; '
+          'from ml_collections import config_flags; f = flags.FlagValues(); '
+          'config_flags.DEFINE_config_file("config", flag_values=f, sys_argv=sys.argv); '
+          'c.parse_flags(sys.argv, f); print(f.config.num_train_steps)')
+  return int(subprocess.run([sys.executable, '-c', code, *args], cwd=checkout, check=True,
+                            capture_output=True, text=True).stdout.split()[-1])
+
+
+def first_training_row(metrics_path: str) -> bool:
+  if not os.path.exists(metrics_path):
+    return False
+  with open(metrics_path) as f:
+    return any('split' not in json.loads(line) for line in f if line.endswith('\n'))
+
+
+def measure(workdir: str, tfds_dir: str | None) -> dict:
+  """The milestones' seconds from the launch of train.py in `workdir`."""
+  checkout = os.path.abspath(_CHECKOUT.value)
+  args = [f'--config={_CONFIG.value}', f'--workdir={workdir}',
+          *(f'--config.{o}' for o in _OVERRIDES.value)]
+  if _STEPS.value:
+    args.append(f'--config.num_train_steps={_STEPS.value}')
+  if tfds_dir:
+    args.append(f'--config.tfds_data_dir={tfds_dir}')
+  if MANUAL_DIR.value and 'multi30k' in _CONFIG.value:
+    args.append(f'--config.manual_dir={os.path.abspath(MANUAL_DIR.value)}')
+  last = os.path.join(workdir, 'checkpoints', str(last_step(
+      checkout, [arg for arg in args if arg.startswith('--config')])))
+  log_path = os.path.join(workdir, 'train.log')
+  os.makedirs(workdir, exist_ok=True)
+  seen = {}
+  with open(log_path, 'w') as log:
+    began = time.perf_counter()
+    process = subprocess.Popen([sys.executable, 'train.py', *args], cwd=checkout, stdout=log,
+                               stderr=subprocess.STDOUT)
+    while process.poll() is None:
+      now = time.perf_counter() - began
+      if 'first_log_line' not in seen and os.path.getsize(log_path):
+        with open(log_path) as f:
+          if any(line[:1] in 'IWE' and line[1:5].isdigit() for line in f):
+            seen['first_log_line'] = now
+      if 'first_training_row' not in seen and first_training_row(
+          os.path.join(workdir, 'metrics.jsonl')):
+        seen['first_training_row'] = now
+      if 'last_checkpoint' not in seen and os.path.isdir(last):
+        seen['last_checkpoint'] = now
+        if not _RUN_TO_EXIT.value:
+          process.terminate()  # a preemption: train.py stops its closing BLEU
+          try:
+            process.wait(timeout=30)
+          except subprocess.TimeoutExpired:  # still compiling
+            process.kill()
+            process.wait()
+          break
+      time.sleep(POLL_SECS)
+    else:
+      seen['exit'] = time.perf_counter() - began
+  if 'last_checkpoint' not in seen:
+    with open(log_path) as f:
+      tail = f.read()[-3000:]
+    raise SystemExit(f'train.py stopped (exit code {process.returncode}) before its last '
+                     f'checkpoint {last}; its log ends:\n{tail}')
+  return {name: round(seen[name], 2) for name in MILESTONES if name in seen}
+
+
+def markdown(rows: dict) -> str:
+  lines = ['Seconds from the launch of train.py (`python -m benchmarks.start_up`).', '',
+           '| label | commit | config | fresh data | ' + ' | '.join(MILESTONES) + ' | machine |',
+           '| --- ' * (len(MILESTONES) + 5) + '|']
+  for label, row in rows.items():
+    cells = [str(row['milestones'].get(name, '-')) for name in MILESTONES]
+    lines.append(f'| {label} | {row["commit"]} | {row["config"]} {" ".join(row["overrides"])} | '
+                 f'{"yes" if row["fresh_data"] else "no"} | {" | ".join(cells)} | '
+                 f'{machine_name(row["machine"])} |')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  del argv
+  with tempfile.TemporaryDirectory() as tmp:
+    workdir = _WORKDIR.value or os.path.join(tmp, 'workdir')
+    milestones = measure(workdir, os.path.join(tmp, 'tfds') if _FRESH_DATA.value else None)
+  row = {'commit': commit(_CHECKOUT.value), 'config': _CONFIG.value,
+         'overrides': _OVERRIDES.value + ([f'num_train_steps={_STEPS.value}'] if _STEPS.value
+                                          else []),
+         'fresh_data': _FRESH_DATA.value, 'milestones': milestones, 'machine': machine()}
+  add_row(_OUTPUT.value, 'start_up', _LABEL.value, row, markdown)
+
+
+if __name__ == '__main__':
+  app.run(main)
