@@ -7,7 +7,9 @@
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, with the loss's reduction by backend and, as a
 # variant, in separate passes),
-# multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016),
+# multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
+# each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
+# line, first training row, last checkpoint and exit in OUT/results/start_up.md),
 # multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
 # multi30k_one_checkpoint (as multi30k_warm, but only the last step is checkpointed: what the 26
 # checkpoints cost the loop), multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy
@@ -15,10 +17,11 @@
 # files in OUT/results),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
 # which configs/multi30k.py turns off: what they cost in compilation and give in speed),
-# multi30k_autotune0 (the same with XLA's autotuning off too: cuBLAS's own choice of kernels),
+# multi30k_autotune0 (Triton's matmuls off, as configured, and XLA's autotuning off too:
+# cuBLAS's own choice of kernels),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, ours and flax's, traces kept),
-# vs_flax_multi30k. Logs and results go to
+# vs_flax_multi30k (the vs_flax stages time 1 and 5 steps per wait). Logs and results go to
 # OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
 # Workdirs and the cache stay in /tmp/gpu_speed for later stages. Where the machine sends back only
 # a few files, give an OUT outside the returned folder and pack it into one archive there.
@@ -47,6 +50,17 @@ run() {  # run NAME SECONDS COMMAND...: the command's output in OUT/NAME.log, it
 recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data"
         --config.compilation_cache_dir="$cache")  # the Multi30k recipe, with the persistent cache
 
+start_up() {  # start_up NAME SECONDS CACHE [KEY=VALUE...]: the recipe under benchmarks.start_up
+  local name=$1 limit=$2 cache_dir=$3
+  shift 3
+  local overrides=("${@/#/--override=}")
+  run "multi30k_start_up_$name" "$limit" python3 -m benchmarks.start_up --manual_dir="$data" \
+    --label="$name" --run_to_exit --workdir="$work/recipe_$name" --output="$out/results" \
+    --override=compilation_cache_dir="$cache_dir" "${overrides[@]}"
+  cp "$work/recipe_$name/train.log" "$out/multi30k_train_$name.log"
+  cp "$work/recipe_$name/metrics.jsonl" "$out/results/multi30k_${name}_metrics.jsonl"
+}
+
 for stage in "$@"; do
   case $stage in
     cudnn_check)
@@ -58,15 +72,13 @@ for stage in "$@"; do
         --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_reduction=separate \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
-      run multi30k_train_cold 200 "${recipe[@]}" --workdir="$work/recipe"
-      run multi30k_eval_test 60 python3 eval.py --workdir="$work/recipe" --split=test \
-        --output_dir="$out/results/eval_test"
-      cp "$work/recipe/metrics.jsonl" "$out/results/multi30k_metrics.jsonl" ;;
+      start_up cold 200 "$cache"
+      run multi30k_eval_test 60 python3 eval.py --workdir="$work/recipe_cold" --split=test \
+        --output_dir="$out/results/eval_test" ;;
     multi30k_warm)
-      run multi30k_train_warm 240 "${recipe[@]}" --workdir="$work/recipe_warm" ;;
+      start_up warm 240 "$cache" ;;
     multi30k_one_checkpoint)
-      run multi30k_train_one_checkpoint 240 "${recipe[@]}" --workdir="$work/recipe_one_checkpoint" \
-        --config.checkpoint_every_steps=0 --config.average_last=1 ;;
+      start_up one_checkpoint 240 "$cache" checkpoint_every_steps=0 average_last=1 ;;
     multi30k_pyspy)
       for mode in gil native; do
         # Native frames need the process paused at each sample: fewer samples.
@@ -76,17 +88,10 @@ for stage in "$@"; do
           "${recipe[@]}" --workdir="$work/recipe_pyspy_$mode"
       done ;;
     multi30k_triton)
-      run multi30k_train_triton 120 python3 train.py --config=configs/multi30k.py \
-        --config.manual_dir="$data" --config.xla_flags= \
-        --config.compilation_cache_dir="$work/jax_cache_triton" --workdir="$work/recipe_triton"
-      cp "$work/recipe_triton/metrics.jsonl" "$out/results/multi30k_triton_metrics.jsonl" ;;
+      start_up triton 120 "$work/jax_cache_triton" xla_flags= ;;
     multi30k_autotune0)
-      run multi30k_train_autotune0 120 python3 train.py --config=configs/multi30k.py \
-        --config.manual_dir="$data" \
-        --config.xla_flags="--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" \
-        --config.compilation_cache_dir="$work/jax_cache_autotune0" \
-        --workdir="$work/recipe_autotune0"
-      cp "$work/recipe_autotune0/metrics.jsonl" "$out/results/multi30k_autotune0_metrics.jsonl" ;;
+      start_up autotune0 120 "$work/jax_cache_autotune0" \
+        "xla_flags=--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" ;;
     base_train)
       run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
