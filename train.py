@@ -5,6 +5,7 @@ command on each with --coordinator_address=HOST:PORT --num_processes=N --process
 VMs and other clusters JAX knows are detected without them).
 """
 
+import gc
 import sys
 
 import jax
@@ -44,6 +45,9 @@ def initialize_distributed():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  # The libraries' objects live as long as the run: full collections, which pause every thread
+  # (the steps' dispatch too), then skip them.
+  gc.freeze()
   try:
     config_lib.use_xla_flags(config_lib.validate(_CONFIG.value))  # before JAX starts its backend
     initialize_distributed()
