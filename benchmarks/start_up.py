@@ -108,11 +108,12 @@ def measure(workdir: str, tfds_dir: str | None) -> dict:
       time.sleep(POLL_SECS)
     else:
       seen['exit'] = time.perf_counter() - began
-  if 'last_checkpoint' not in seen:
+  if 'last_checkpoint' not in seen or ('exit' in seen and process.returncode):
     with open(log_path) as f:
       tail = f.read()[-3000:]
-    raise SystemExit(f'train.py stopped (exit code {process.returncode}) before its last '
-                     f'checkpoint {last}; its log ends:\n{tail}')
+    raise SystemExit(f'train.py failed (exit code {process.returncode}; last checkpoint {last} '
+                     f'{"written" if "last_checkpoint" in seen else "missing"}); its log ends:\n'
+                     f'{tail}')
   return {name: round(seen[name], 2) for name in MILESTONES if name in seen}
 
 
