@@ -246,6 +246,15 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tm
   assert max_difference(restore(workdir, 50)[0], good) == 0.0
 
 
+def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
+  result = run_train(str(tmp_path), '--config.lr_scale=1e30', '--config.num_train_steps=5',
+                     expect_ok=False)
+  message = result.stderr.strip().splitlines()[-1]
+  assert message.startswith('train.py: the loss is nan at step ')
+  assert 'training stopped; no checkpoint was written before it. Lower the learning rate' in (
+      message)
+
+
 def test_resuming_with_another_model_is_refused(full_run):
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=128 conflicts with 64 in'):
     train_in_process(full_run, **{'model.d_ff': 128})

@@ -277,10 +277,12 @@ class _TrainLog:
     for offset, m in enumerate(step_metrics):
       if not m['finite']:
         bad_step = step - len(step_metrics) + offset + 1
+        latest = self.checkpoints.latest_step()
+        kept = (f'the latest checkpoint (step {latest}) holds the last good parameters'
+                if latest is not None else 'no checkpoint was written before it')
         raise TrainingError(
-            f'the loss is {m["loss"]} at step {bad_step}: training stopped; the latest '
-            f'checkpoint (step {self.checkpoints.latest_step()}) holds the last good parameters. '
-            'Lower the learning rate (config.lr_scale) or enable config.grad_clip_norm.')
+            f'the loss is {m["loss"]} at step {bad_step}: training stopped; {kept}. Lower the '
+            'learning rate (config.lr_scale) or enable config.grad_clip_norm.')
     return step_metrics
 
   def write(self, step: int):
