@@ -75,18 +75,26 @@ def max_difference(a, b):
 def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
-  compile_program = compiled.Programs._compile
+  compile_program, lower = compiled.Programs._compile, compiled.Programs.lower
   optimizer_step, compile_ahead = trainer._optimizer_step, trainer._Evaluator.compile_ahead
   steps_run = []
 
   def counted_optimizer_step(*args):
     step = optimizer_step(*args)
-    return lambda *a: steps_run.append(1) or step(*a)
 
-  with pytest.MonkeyPatch.context() as patch:  # notes which thread compiled each program
-    patch.setattr(compiled.Programs, '_compile', lambda programs, args: COMPILED_ON.append(
-        (programs.pmapped.__name__, threading.current_thread().name)) or compile_program(
-            programs, args))
+    def counted(*a):
+      result = step(*a)
+      steps_run.append(1)
+      return result
+
+    return counted
+
+  with pytest.MonkeyPatch.context() as patch:  # notes which thread compiled each program, when
+    patch.setattr(compiled.Programs, '_compile', lambda programs, key, args: COMPILED_ON.append(
+        (programs.pmapped.__name__, threading.current_thread().name, len(steps_run))) or
+        compile_program(programs, key, args))
+    patch.setattr(compiled.Programs, 'lower', lambda programs, *args: LOWERED_AFTER.append(
+        len(steps_run)) or lower(programs, *args))
     patch.setattr(trainer, '_optimizer_step', counted_optimizer_step)
     patch.setattr(trainer._Evaluator, 'compile_ahead', lambda *args: STEPS_BEFORE_COMPILE_AHEAD
                   .append(len(steps_run)) or compile_ahead(*args))
@@ -94,18 +102,20 @@ def full_run(tmp_path_factory):
   return workdir
 
 
-COMPILED_ON = []  # full_run's (function, thread) of each program compiled
-STEPS_BEFORE_COMPILE_AHEAD = []  # training steps started before compile_ahead, at each call
+COMPILED_ON = []  # full_run's (function, thread, training steps done) of each program compiled
+STEPS_BEFORE_COMPILE_AHEAD = []  # training steps done before compile_ahead, at each call
+LOWERED_AFTER = []  # training steps done at each lowering ahead
 
 
 def test_evaluation_programs_compile_on_a_thread_while_training_runs(full_run):
-  """The validation loss step and both splits' beam searches: each compiled once, ahead, once
-  the first training step has compiled its program alone."""
-  assert STEPS_BEFORE_COMPILE_AHEAD == [1]
-  functions = {function for function, _ in COMPILED_ON}
+  """The validation loss step and both splits' beam searches: each compiled once, ahead, after
+  the first training step (lowered from the start, while that step compiles alone)."""
+  assert STEPS_BEFORE_COMPILE_AHEAD == [0] and LOWERED_AFTER[0] == 0
+  functions = {function for function, _, _ in COMPILED_ON}
   assert functions == {'eval_step', 'search'}  # the loss step, the beam search
-  assert all(thread == 'compile_ahead' for _, thread in COMPILED_ON), COMPILED_ON
-  beam_searches = [f for f, _ in COMPILED_ON if f == 'search']
+  assert all(thread == 'compile_ahead' and steps >= 1 for _, thread, steps in COMPILED_ON), (
+      COMPILED_ON)
+  beam_searches = [f for f, _, _ in COMPILED_ON if f == 'search']
   assert 1 <= len(beam_searches) <= 6  # decode shapes of two splits
 
 

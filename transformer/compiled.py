@@ -1,7 +1,8 @@
 """Pmapped programs compiled ahead of time, once per input shape, from any thread.
 
-A training run compiles its evaluation step and beam searches on a background thread while it
-trains (trainer.py); when the loop needs one, it waits only for that program.
+A training run lowers its evaluation step and beam searches on a background thread while its
+training step compiles, and compiles them while it trains (trainer.py); when the loop needs one,
+it waits only for that program.
 """
 
 import threading
@@ -27,20 +28,31 @@ class Programs:
   def __init__(self, pmapped):
     self.pmapped = pmapped
     self.compiled = {}  # key -> the compiled program
-    self.compile_secs = 0.0  # spent compiling so far
+    self.compile_secs = 0.0  # spent lowering programs not lowered ahead, and compiling
+    self._lowered = {}  # key -> the lowered program, by `lower`, not compiled yet
     self._locks = {}
+
+  def lower(self, key: Hashable, *args):
+    """Traces and lowers the program for `args` without compiling it (Python work, which holds
+    the interpreter; compiling does not)."""
+    if jax.process_count() > 1:
+      return
+    with self._locks.setdefault(key, threading.Lock()):  # setdefault is atomic
+      if key not in self.compiled and key not in self._lowered:
+        self._lowered[key] = self.pmapped.lower(*shapes_of(args))
 
   def get(self, key: Hashable, *args) -> Callable:
     """The program for `args` (arrays or ShapeDtypeStructs, leading axis the local devices),
     compiled on the first call with `key`; a call with a key being compiled waits for it."""
     if jax.process_count() > 1:  # pmap's ahead-of-time programs take global arrays there
       return self.pmapped
-    with self._locks.setdefault(key, threading.Lock()):  # setdefault is atomic
+    with self._locks.setdefault(key, threading.Lock()):
       if key not in self.compiled:
         began = time.time()
-        self.compiled[key] = self._compile(args)
+        self.compiled[key] = self._compile(key, args)
         self.compile_secs += time.time() - began
     return self.compiled[key]
 
-  def _compile(self, args):
-    return self.pmapped.lower(*shapes_of(args)).compile()
+  def _compile(self, key, args):
+    lowered = self._lowered.pop(key, None) or self.pmapped.lower(*shapes_of(args))
+    return lowered.compile()

@@ -140,32 +140,42 @@ class _Evaluator:
     self.batches = {}  # split -> its loss batches
     self.texts = {}  # split -> (sources, references)
     self._compiling = None  # the thread of compile_ahead
-    self._closing = threading.Event()  # tells it to stop after the program it is compiling
+    self._training = threading.Event()  # the training step has compiled: compile the rest
+    self._closing = threading.Event()  # tells it to stop after the program at hand
 
   def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
-    """Compiles the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
-    on a background thread: the training steps run meanwhile (on an H100 a cold start of the
-    Multi30k recipe spent 10-30 s on these programs). Where one is not ready when needed, `loss`
-    and `bleu` wait for it. Not on several hosts: reading a split gathers from every host, which
-    must not happen beside the training loop's own gathers, and pmap compiles no programs ahead
-    there."""
+    """Prepares the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
+    on a background thread (on an H100 a cold start of the Multi30k recipe spent 10-30 s on these
+    programs): lowers them at once, Python work that would slow the steps' dispatch, while the
+    training step compiles; compiles them once `training_started` is called, beside the steps,
+    as compiling beside the training step slowed its compilation. Where one is not ready when
+    needed, `loss` and `bleu` wait for it. Not on several hosts: reading a split gathers from
+    every host, which must not happen beside the training loop's own gathers, and pmap compiles
+    no programs ahead there."""
     if jax.process_count() > 1:
       return
     params = compiled.shapes_of(params)  # the state's buffers are donated by the next step
 
+    def prepare(compile_now: bool):
+      for split in loss_splits:
+        for batch in self._loss_batches(split):
+          if self._closing.is_set():
+            return
+          prepare_program = self.eval_programs.get if compile_now else self.eval_programs.lower
+          prepare_program(self._loss_key(batch), params, batch)
+      for split in bleu_splits:
+        try:
+          self.translator.compile(params, self._texts(split)[0], stop=self._closing.is_set,
+                                  lower_only=not compile_now)
+        except data.DataError:
+          pass  # `bleu` reports it when it gets there
+
     def compile_all():
       began = time.time()
       try:
-        for split in loss_splits:
-          for batch in self._loss_batches(split):
-            if self._closing.is_set():
-              return
-            self._eval_program(params, batch)
-        for split in bleu_splits:
-          try:
-            self.translator.compile(params, self._texts(split)[0], stop=self._closing.is_set)
-          except data.DataError:
-            pass  # `bleu` reports it when it gets there
+        prepare(compile_now=False)
+        self._training.wait()
+        prepare(compile_now=True)
       except Exception as error:
         # `loss` and `bleu` meet it again where they need the program, and stop the run there.
         logging.warning('compiling the evaluation programs ahead stopped: %s', error)
@@ -176,10 +186,15 @@ class _Evaluator:
     self._compiling = threading.Thread(target=compile_all, name='compile_ahead')
     self._compiling.start()
 
+  def training_started(self):
+    """Lets `compile_ahead`'s thread compile: the training step has compiled."""
+    self._training.set()
+
   def close(self):
-    """Stops `compile_ahead`'s thread after the program it is compiling, and waits for it (a
-    preempted run has seconds left)."""
+    """Stops `compile_ahead`'s thread after the program at hand, and waits for it (a preempted
+    run has seconds left)."""
     self._closing.set()
+    self._training.set()
     if self._compiling is not None:
       self._compiling.join()
 
@@ -194,12 +209,12 @@ class _Evaluator:
       self.texts[split] = data.split_texts(self.config, split)
     return self.texts[split]
 
-  def _eval_program(self, params, batch):
-    key = tuple((name, value.shape) for name, value in sorted(batch.items()))
-    return self.eval_programs.get(key, params, batch)
+  @staticmethod
+  def _loss_key(batch) -> tuple:
+    return tuple((name, value.shape) for name, value in sorted(batch.items()))
 
   def loss(self, params, step: int, split: str):
-    sums = [self._eval_program(params, batch)(params, batch)
+    sums = [self.eval_programs.get(self._loss_key(batch), params, batch)(params, batch)
             for batch in self._loss_batches(split)]
     summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
                                  for s in jax.device_get(sums)])
@@ -370,15 +385,15 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   stop = lambda: _agree(preemption.received)[0]  # for long evaluations
   scheduled = (config.log_every_steps, config.eval_every_steps, config.bleu_every_steps,
                config.checkpoint_every_steps)
+  if start_step < config.num_train_steps:  # the final BLEU translates validation and test
+    evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
+    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
+                            ['validation', 'test'])
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, batches)
       if step == start_step + 1:
-        # Once the training programs, needed first, have compiled alone. The final BLEU
-        # translates validation and test.
-        evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-        evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
-                                ['validation', 'test'])
+        evaluator.training_started()
       log.add(step_metrics)
       last = step == config.num_train_steps
       preempted = secs_due = False

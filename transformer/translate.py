@@ -108,8 +108,10 @@ class Translator:
 
   def _search_for(self, params, rows: int, length: int):
     """The beam search compiled for [devices, rows, length] sources, compiled on first use."""
-    sources = jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
-    return self.programs.get((rows, length), params, sources)
+    return self.programs.get(*self._search_args(params, rows, length))
+
+  def _search_args(self, params, rows: int, length: int):
+    return (rows, length), params, jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
 
   def _plan(self, sentences: list[str]):
     """The sentences' ids and the beam-search calls that translate them (`decode_batches`)."""
@@ -118,9 +120,10 @@ class Translator:
     return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
                                    self.devices * jax.process_count())
 
-  def compile(self, params, sentences: list[str], stop=None):
-    """Compiles the beam searches that translating `sentences` takes, as `translate` would first;
-    `stop`, called before each, ends it when it returns True.
+  def compile(self, params, sentences: list[str], stop=None, lower_only: bool = False):
+    """Compiles the beam searches that translating `sentences` takes, as `translate` would first
+    (with `lower_only`, lowers them only: `compiled.Programs.lower`); `stop`, called before each,
+    ends it when it returns True.
 
     Raises:
       DataError: as `translate`.
@@ -128,7 +131,11 @@ class Translator:
     for _, rows, length in self._plan(sentences)[1]:
       if stop is not None and stop():
         return
-      self._search_for(params, rows, length)
+      args = self._search_args(params, rows, length)
+      if lower_only:
+        self.programs.lower(*args)
+      else:
+        self.programs.get(*args)
 
   def translate(self, params, sentences: list[str], progress: bool = False,
                 stop=None) -> list[str]:
