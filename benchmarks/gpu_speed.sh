@@ -5,8 +5,8 @@
 #
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
-# base size, bfloat16, against flax examples/wmt, with the loss's reduction by backend and, as a
-# variant, in separate passes),
+# base size, bfloat16, against flax examples/wmt, with XLA's defaults and, as a variant, with
+# Triton's matmuls off),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -21,7 +21,8 @@
 # cuBLAS's own choice of kernels),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, ours and flax's, traces kept),
-# vs_flax_multi30k (the vs_flax stages time 1 and 5 steps per wait). Logs and results go to
+# vs_flax_multi30k (as configured, Triton's matmuls off, and as a variant with XLA's defaults; the
+# vs_flax stages time 1 and 5 steps per wait). Logs and results go to
 # OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
 # Workdirs and the cache stay in /tmp/gpu_speed for later stages. Where the machine sends back only
 # a few files, give an OUT outside the returned folder and pack it into one archive there.
@@ -69,7 +70,8 @@ for stage in "$@"; do
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
       run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_reduction=separate \
+        --steps_per_call=1,5 --beam_shape= --repeats=10 \
+        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
@@ -109,7 +111,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         --name="${stage}_gpu" ;;
     vs_flax_multi30k)
       run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 \
-        --steps_per_call=1,5 --repeats=10 \
+        --steps_per_call=1,5 --repeats=10 --variant=xla_flags= \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_multi30k_gpu ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

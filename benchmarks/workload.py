@@ -69,8 +69,19 @@ def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: i
   return batch
 
 
+def compiler_options(config) -> dict:
+  """config.xla_flags as XLA options of one program: train.py puts them in XLA_FLAGS, which
+  holds for a whole process, so that variants timed side by side would share them."""
+  options = {}
+  for flag in config.get('xla_flags', '').split():
+    name, value = flag.removeprefix('--').split('=', 1)
+    options[name] = {'true': True, 'false': False}.get(value.lower(), value)  # XLA's bools
+  return options
+
+
 class Ours:
-  """Our model and steps at configs/multi30k.py's size, or with another `config`."""
+  """Our model and steps at configs/multi30k.py's size, or with another `config`, its train step
+  compiled with its config.xla_flags."""
 
   def __init__(self, modules: types.SimpleNamespace, config=None):
     self.decode, train_step = modules.decode, modules.train_step
@@ -80,18 +91,28 @@ class Ours:
     self.steps = train_step.StepFunctions(self.config, self.model_config)
     self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config))
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
+    self.compiler_options = compiler_options(self.config)
+    self._compiled = {}  # batch shapes -> the compiled train step
     self.parameters = model.parameters_per_token(jax_utils.unreplicate(self.state.params))
+
+  def _train_step(self, batch):
+    shapes = tuple(sorted((name, x.shape) for name, x in batch.items()))
+    if shapes not in self._compiled:
+      self._compiled[shapes] = self.p_train_step.lower(self.state, batch).compile(
+          compiler_options=self.compiler_options)
+    return self._compiled[shapes]
 
   def train(self, batch, steps: int = 1):
     """`steps` training steps on `batch`, waiting only for the last (as train.py waits only at
     log steps)."""
+    step = self._train_step(batch)
     for _ in range(steps):
-      self.state, metrics = self.p_train_step(self.state, batch)
+      self.state, metrics = step(self.state, batch)
     jax.block_until_ready(metrics)
 
   def train_hlo(self, batch) -> str:
     """The train step's optimized HLO for `batch`."""
-    return self.p_train_step.lower(self.state, batch).compile().as_text()
+    return self._train_step(batch).as_text()
 
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)

@@ -1,6 +1,6 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
-results table, the step-cost comparison's configs, rounds and ratios, the generated WMT-sized
-corpus, the start-up milestones."""
+results table, the step-cost comparison's configs, rounds and ratios, a variant's own XLA options,
+the generated WMT-sized corpus, the start-up milestones."""
 
 import gzip
 import json
@@ -11,11 +11,13 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from benchmarks import reproduce_multi30k, step_cost, wmt_scale
+from benchmarks import reproduce_multi30k, step_cost, wmt_scale, workload
 from benchmarks.measure import round_robin
 from benchmarks.profile_step import hlo_classes, operation_seconds
+from configs import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,6 +142,30 @@ def test_step_cost_variants_are_the_recipe_with_train_py_overrides():
     step_cost.load_config('model.d_modl=3')
   with pytest.raises(SystemExit, match=r"--config.model.d_model=x: invalid literal for int"):
     step_cost.load_config('model.d_model=x')
+
+
+def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
+  modules = workload.import_ours('')
+  batch = workload.random_batch(np.random.default_rng(0), 4, 8, 320)
+  sharded = jax.tree_util.tree_map(lambda x: np.stack([x] * jax.local_device_count()), batch)
+
+  def ours(xla_flags):
+    config = tiny.get_config()
+    config.xla_flags = xla_flags
+    return workload.Ours(modules, config)
+
+  # XLA's booleans take Python's, its integers strings; XLA rejects a value it cannot read only
+  # when the option reaches the compilation.
+  gpu_flags = ours('--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0')
+  assert gpu_flags.compiler_options == {'xla_gpu_enable_triton_gemm': False,
+                                        'xla_gpu_autotune_level': '0'}
+  gpu_flags.train(sharded)
+  with pytest.raises(Exception, match='xla_gpu_autotune_level'):
+    ours('--xla_gpu_autotune_level=high').train(sharded)
+  # Two programs in one process, each with its own options: XLA_FLAGS would give both the same.
+  unfused = ours('--xla_disable_hlo_passes=fusion')
+  loop_fusions = lambda side: side.train_hlo(sharded).count('kind=kLoop, calls=%fused_computation')
+  assert loop_fusions(gpu_flags) > 10 and loop_fusions(unfused) == 0
 
 
 def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
