@@ -274,6 +274,25 @@ def test_the_multi30k_config_quotes_its_measured_results():
           f'{test["bleu_paper"]:.2f} | {recipe["train_minutes"]:.1f} minutes |') in readme
 
 
+@pytest.mark.parametrize('xla_flags, reason', [
+    ('--xla_gpu_autotune_level=2 --xla_no_such_flag=1',
+     'Unknown flag in XLA_FLAGS: --xla_no_such_flag=1'),
+    ('--xla_gpu_autotune_level=high', "Couldn't interpret value high for flag "
+     'xla_gpu_autotune_level'),
+    ('--xla_gpu_enable_triton_gemm=no', "Couldn't interpret value no for flag "
+     'xla_gpu_enable_triton_gemm'),
+])
+def test_xla_flags_that_xla_rejects_fail_as_one_config_error(xla_flags, reason, monkeypatch):
+  # Put in XLA_FLAGS, they would end the process when JAX starts its backend.
+  config = tiny.get_config()
+  config.xla_flags = xla_flags
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=4')
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.use_xla_flags(config)
+  assert str(error.value).startswith(f'config.xla_flags={xla_flags!r}: XLA rejects it ({reason})')
+  assert os.environ['XLA_FLAGS'] == '--xla_force_host_platform_device_count=4'
+
+
 def test_xla_flags_join_the_environments_which_keeps_its_own_values(monkeypatch, caplog):
   config = multi30k.get_config()
   config.xla_flags = '--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=2'

@@ -10,6 +10,7 @@ import json
 import numbers
 import os
 import re
+import subprocess
 import sys
 
 import jax
@@ -270,15 +271,42 @@ def use_compilation_cache(config: ml_collections.ConfigDict):
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 
 
+def _check_xla_flags(config: ml_collections.ConfigDict, flags_to_add: list[str]):
+  """Raises ConfigError for a flag XLA does not know or a value it cannot read.
+
+  XLA reads XLA_FLAGS once, and on such a flag ends the process with a fatal log (for a bad value,
+  after printing every flag it has): jaxlib reads them first in a subprocess (0.1 s).
+  """
+  result = subprocess.run(
+      [sys.executable, '-c', 'from jaxlib import _jax; _jax.CompileOptions()'],
+      env={**os.environ, 'XLA_FLAGS': ' '.join(flags_to_add)}, capture_output=True, text=True,
+      check=False)
+  if result.returncode == 0:
+    return
+  reasons = [line.split('] ', 1)[-1].rstrip('.') for line in result.stderr.splitlines()
+             if 'Unknown flag in XLA_FLAGS' in line or "Couldn't interpret value" in line]
+  if not reasons:  # not XLA's flag parsing: jaxlib itself failed, unrelated to the flags
+    logging.warning('config.xla_flags not checked: %s', result.stderr.strip()[-300:])
+    return
+  _fail('xla_flags', config.xla_flags,
+        f'XLA rejects it ({reasons[0]}); see `XLA_FLAGS=--help python -c "import jax; '
+        'jax.devices()"` for the flags this jaxlib knows')
+
+
 def use_xla_flags(config: ml_collections.ConfigDict):
   """Adds config.xla_flags to the XLA_FLAGS environment variable, which XLA reads when JAX starts
   its backend: call it before anything runs on a device. A flag XLA_FLAGS already names keeps
-  the environment's value."""
+  the environment's value.
+
+  Raises:
+    ConfigError: XLA does not know one of the flags, or cannot read its value.
+  """
   current = os.environ.get('XLA_FLAGS', '').split()
   named = {flag.split('=')[0] for flag in current}
   missing = [flag for flag in config.xla_flags.split() if flag.split('=')[0] not in named]
   if not missing:
     return
+  _check_xla_flags(config, missing)
   if xla_bridge.backends_are_initialized():
     logging.warning('config.xla_flags %s not applied: JAX started its backend before; set '
                     'XLA_FLAGS before the process starts', ' '.join(missing))
