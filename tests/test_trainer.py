@@ -17,12 +17,13 @@ import time
 import jax
 import numpy as np
 import pytest
+from flax import jax_utils
 from tensorboardX.proto import event_pb2
 
 from conftest import train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import compiled, data, train_step, trainer
+from transformer import compiled, data, metrics, train_step, trainer
 from transformer.checkpoints import CheckpointError, Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,6 +215,36 @@ def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_p
   assert ('checkpoint 50 was written on 4 devices, this run has 2: the resumed run sees other '
           'batches') in result.stderr
   assert restore(workdir, 51)[1]['data_shards'] == 2
+
+
+def test_closing_the_evaluator_stops_compiling_ahead_after_the_program_at_hand(tmp_path,
+                                                                               monkeypatch):
+  config = tiny.get_config()
+  config.decode_batch_tokens = 3 * 16  # beam 4, 12 source tokens a call: several search shapes
+  vocab = data.load_or_train_vocabulary(config, str(tmp_path))
+  model_config = config_lib.model_config(config)
+  shard = dict(process_index=0, process_count=1, num_devices=jax.local_device_count())
+  evaluator = trainer._Evaluator(config, vocab, train_step.StepFunctions(config, model_config),
+                                 shard, metrics.MetricsWriter(str(tmp_path), enabled=False))
+  params = jax_utils.replicate(train_step.initial_state(config, model_config).params)
+  compile_program, compiling, compiled_keys = compiled.Programs._compile, threading.Event(), []
+
+  def compile_once_closing(programs, key, args):  # the first compilation outlasts `close`'s call
+    compiling.set()
+    while not evaluator._closing.is_set():
+      time.sleep(0.01)
+    compiled_keys.append(key)
+    return compile_program(programs, key, args)
+
+  monkeypatch.setattr(compiled.Programs, '_compile', compile_once_closing)
+  evaluator.compile_ahead(params, ['validation'], ['validation', 'test'])
+  evaluator.training_started()
+  assert compiling.wait(60)
+  evaluator.close()
+  assert len(compiled_keys) == 1 and list(evaluator.eval_programs.compiled) == compiled_keys
+  # The beam searches were lowered before it and stay uncompiled.
+  searches = evaluator.translator.programs
+  assert len(searches._lowered) >= 2 and not searches.compiled
 
 
 def test_sigterm_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path):

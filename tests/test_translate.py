@@ -56,13 +56,19 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   assert outputs[LENGTH_STEP] == outputs[4096]
 
 
-def test_compiling_ahead_stops_when_told(tmp_path):
+def test_the_programs_to_compile_ahead_are_the_searches_translating_takes(tmp_path):
   translator, params, sentences = untrained_translator(tmp_path)
-  translator.tokens_per_device = LENGTH_STEP  # one sentence per call: several shapes
-  translator.compile(params, sentences, stop=lambda: len(translator.programs.compiled) == 1)
-  assert len(translator.programs.compiled) == 1
-  translator.compile(params, sentences)
-  assert len(translator.programs.compiled) > 1
+  translator.tokens_per_device = 2 * LENGTH_STEP  # several calls, of several shapes
+  searches = translator.search_programs(params, sentences)
+  keys = [args[0] for args in searches]
+  lengths = [len(ids) + 1 for ids in translator.vocab.encode_batch(sentences)]
+  calls = decode_batches(lengths, translator.tokens_per_device, translator.devices)
+  assert len(calls) > len(keys) > 1  # each shape once, though several calls share it
+  assert sorted(keys) == sorted({(rows, length) for _, rows, length in calls})
+  for args in searches:
+    translator.programs.get(*args)
+  translator.translate(params, sentences)
+  assert sorted(translator.programs.compiled) == sorted(keys)  # translating compiled no more
 
 
 def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path, monkeypatch):

@@ -156,31 +156,39 @@ class _Evaluator:
       return
     params = compiled.shapes_of(params)  # the state's buffers are donated by the next step
 
-    def prepare(compile_now: bool):
+    def programs_and_args():  # in the order the run needs them
       for split in loss_splits:
         for batch in self._loss_batches(split):
-          if self._closing.is_set():
-            return
-          prepare_program = self.eval_programs.get if compile_now else self.eval_programs.lower
-          prepare_program(self._loss_key(batch), params, batch)
+          yield self.eval_programs, (self._loss_key(batch), params, batch)
       for split in bleu_splits:
         try:
-          self.translator.compile(params, self._texts(split)[0], stop=self._closing.is_set,
-                                  lower_only=not compile_now)
+          searches = self.translator.search_programs(params, self._texts(split)[0])
         except data.DataError:
-          pass  # `bleu` reports it when it gets there
+          continue  # `bleu` reports it when it gets there
+        for args in searches:
+          yield self.translator.programs, args
+
+    def until_closed(planned):  # `close` stops it after the program at hand
+      for programs, args in planned:
+        if self._closing.is_set():
+          return
+        yield programs, args
 
     def compile_all():
       began = time.time()
       try:
-        prepare(compile_now=False)
+        planned = []
+        for programs, args in until_closed(programs_and_args()):
+          programs.lower(*args)
+          planned.append((programs, args))
         self._training.wait()
-        prepare(compile_now=True)
+        for programs, args in until_closed(planned):
+          programs.get(*args)
       except Exception as error:
         # `loss` and `bleu` meet it again where they need the program, and stop the run there.
         logging.warning('compiling the evaluation programs ahead stopped: %s', error)
         return
-      if not self._closing.is_set():  # else `close` stopped it before the end
+      if not self._closing.is_set():
         logging.info('evaluation programs compiled ahead in %.1f s', time.time() - began)
 
     self._compiling = threading.Thread(target=compile_all, name='compile_ahead')

@@ -120,22 +120,15 @@ class Translator:
     return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
                                    self.devices * jax.process_count())
 
-  def compile(self, params, sentences: list[str], stop=None, lower_only: bool = False):
-    """Compiles the beam searches that translating `sentences` takes, as `translate` would first
-    (with `lower_only`, lowers them only: `compiled.Programs.lower`); `stop`, called before each,
-    ends it when it returns True.
+  def search_programs(self, params, sentences: list[str]) -> list[tuple]:
+    """The arguments of `programs.lower` and `programs.get` for each beam search that
+    translating `sentences` takes, one per shape: what compiling them ahead needs.
 
     Raises:
       DataError: as `translate`.
     """
-    for _, rows, length in self._plan(sentences)[1]:
-      if stop is not None and stop():
-        return
-      args = self._search_args(params, rows, length)
-      if lower_only:
-        self.programs.lower(*args)
-      else:
-        self.programs.get(*args)
+    shapes = dict.fromkeys((rows, length) for _, rows, length in self._plan(sentences)[1])
+    return [self._search_args(params, rows, length) for rows, length in shapes]
 
   def translate(self, params, sentences: list[str], progress: bool = False,
                 stop=None) -> list[str]:
