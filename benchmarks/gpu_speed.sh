@@ -20,7 +20,8 @@
 # multi30k_autotune0 (Triton's matmuls off, as configured, and XLA's autotuning off too:
 # cuBLAS's own choice of kernels),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
-# profile_base_flax (benchmarks.profile_step at base size, ours and flax's, traces kept),
+# profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
+# profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as a variant with XLA's defaults; the
 # vs_flax stages time 1 and 5 steps per wait). Logs and results go to
 # OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
@@ -104,9 +105,11 @@ for stage in "$@"; do
       # The bfloat16 matmul peak right after, for the step's share of it.
       run base_train_peak 60 python3 -c 'import jax.numpy as jnp; from benchmarks import measure
 print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
-    profile_base|profile_base_flax)
+    profile_base|profile_base_flax|profile_multi30k|profile_multi30k_flax)
       side=ours; [[ $stage == *flax ]] && side=flax
-      run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=256x64 --steps=3 \
+      size=${stage#profile_}; size=${size%_flax}
+      shape=256x64; [[ $size == multi30k ]] && shape=64x64
+      run "$stage" 150 python3 -m benchmarks.profile_step --size=$size --shape=$shape --steps=3 \
         --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
         --name="${stage}_gpu" ;;
     vs_flax_multi30k)
