@@ -10,7 +10,8 @@
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
-# multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled),
+# multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled, and what
+# comes before its first log line: imports, the look for a cluster, the backend's start),
 # multi30k_one_checkpoint (as multi30k_warm, but only the last step is checkpointed: what the 26
 # checkpoints cost the loop), multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy
 # on the PATH: which thread holds the GIL, then every thread's Python and native frames; speedscope
@@ -52,13 +53,14 @@ run() {  # run NAME SECONDS COMMAND...: the command's output in OUT/NAME.log, it
 recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data"
         --config.compilation_cache_dir="$cache")  # the Multi30k recipe, with the persistent cache
 
-start_up() {  # start_up NAME SECONDS CACHE [KEY=VALUE...]: the recipe under benchmarks.start_up
-  local name=$1 limit=$2 cache_dir=$3
+start_up() {  # start_up NAME SECONDS CACHE [KEY=VALUE|--FLAG...]: the recipe under
+              # benchmarks.start_up, with those config overrides and flags of its own
+  local name=$1 limit=$2 cache_dir=$3 args=()
   shift 3
-  local overrides=("${@/#/--override=}")
+  for arg in "$@"; do [[ $arg == --* ]] && args+=("$arg") || args+=("--override=$arg"); done
   run "multi30k_start_up_$name" "$limit" python3 -m benchmarks.start_up --manual_dir="$data" \
     --label="$name" --run_to_exit --workdir="$work/recipe_$name" --output="$out/results" \
-    --override=compilation_cache_dir="$cache_dir" "${overrides[@]}"
+    --override=compilation_cache_dir="$cache_dir" "${args[@]}"
   cp "$work/recipe_$name/train.log" "$out/multi30k_train_$name.log"
   cp "$work/recipe_$name/metrics.jsonl" "$out/results/multi30k_${name}_metrics.jsonl"
 }
@@ -79,7 +81,7 @@ for stage in "$@"; do
       run multi30k_eval_test 60 python3 eval.py --workdir="$work/recipe_cold" --split=test \
         --output_dir="$out/results/eval_test" ;;
     multi30k_warm)
-      start_up warm 240 "$cache" ;;
+      start_up warm 240 "$cache" --parts ;;
     multi30k_one_checkpoint)
       start_up one_checkpoint 240 "$cache" checkpoint_every_steps=0 average_last=1 ;;
     multi30k_pyspy)

@@ -3,7 +3,7 @@ and its last checkpoint.
 
   python -m benchmarks.start_up --manual_dir=../shared/data/multi30k [--label=NAME]
       [--config=configs/multi30k.py] [--checkout=DIR] [--fresh_data] [--steps=N]
-      [--override=key=value ...] [--workdir=DIR] [--run_to_exit]
+      [--override=key=value ...] [--workdir=DIR] [--run_to_exit] [--parts]
 
 Runs the checkout's `python train.py --config=...` in a new workdir, with --steps steps if given,
 and notes when each milestone comes, in seconds from the launch: its first log line (imports,
@@ -12,7 +12,8 @@ compilation and config.log_every_steps steps), and its last checkpoint's directo
 when the checkpoint is complete). train.py is then stopped: what comes after (the closing BLEU,
 the exit) is not start-up. --run_to_exit lets it finish and notes its exit too. With --fresh_data
 the data and vocabulary go to a new TFDS directory, as on a new machine: Multi30k is prepared and
-the vocabulary trained within the run.
+the vocabulary trained within the run. --parts first splits what comes before the first log line
+(see `before_first_log_line`).
 
 Adds a row under --label to benchmarks/results/start_up.{json,md}.
 """
@@ -42,10 +43,14 @@ _OVERRIDES = flags.DEFINE_multi_string('override', [],
 _WORKDIR = flags.DEFINE_string('workdir', '', 'The run\'s workdir (kept); default: a temporary '
                                'one.')
 _RUN_TO_EXIT = flags.DEFINE_bool('run_to_exit', False, 'Let train.py finish; note its exit.')
+_PARTS = flags.DEFINE_bool('parts', False, 'Also time, in a fresh interpreter first, what comes '
+                           'before train.py\'s first log line: its imports, jax.distributed\'s '
+                           'look for a cluster and the backend\'s start.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where start_up.json and start_up.md go.')
 
 MILESTONES = ('first_log_line', 'first_training_row', 'last_checkpoint', 'exit')
+PARTS = ('interpreter', 'imports', 'cluster_lookup', 'backend')  # before the first log line
 POLL_SECS = 0.02
 
 
@@ -57,6 +62,36 @@ def last_step(checkout: str, args: list[str]) -> int:
           'c.parse_flags(sys.argv, f); print(f.config.num_train_steps)')
   return int(subprocess.run([sys.executable, '-c', code, *args], cwd=checkout, check=True,
                             capture_output=True, text=True).stdout.split()[-1])
+
+
+# What train.py does before it logs, each part timed: its imports, initialize_distributed (which
+# logs the first line) and the backend's start (its first log line comes before, or just after).
+_PARTS_CODE = """
+import json, time
+began = time.perf_counter()
+import train
+imported = time.perf_counter()
+import jax
+try:
+  jax.distributed.initialize()
+except (ValueError, RuntimeError):
+  pass
+looked = time.perf_counter()
+jax.devices()
+print(json.dumps({'imports': imported - began, 'cluster_lookup': looked - imported,
+                  'backend': time.perf_counter() - looked}))
+"""
+
+
+def before_first_log_line(checkout: str) -> dict:
+  """Seconds of the interpreter's start, train.py's imports, jax.distributed's look for a
+  cluster and the backend's start, in a fresh interpreter."""
+  began = time.perf_counter()
+  result = subprocess.run([sys.executable, '-c', _PARTS_CODE], cwd=checkout, check=True,
+                          capture_output=True, text=True)
+  parts = json.loads(result.stdout.splitlines()[-1])
+  parts['interpreter'] = time.perf_counter() - began - sum(parts.values())
+  return {name: round(parts[name], 2) for name in PARTS}
 
 
 def first_training_row(metrics_path: str) -> bool:
@@ -118,19 +153,25 @@ def measure(workdir: str, tfds_dir: str | None) -> dict:
 
 
 def markdown(rows: dict) -> str:
-  lines = ['Seconds from the launch of train.py (`python -m benchmarks.start_up`).', '',
-           '| label | commit | config | fresh data | ' + ' | '.join(MILESTONES) + ' | machine |',
-           '| --- ' * (len(MILESTONES) + 5) + '|']
+  lines = ['Seconds from the launch of train.py (`python -m benchmarks.start_up`). With --parts, '
+           'what comes before its first log line, timed in a fresh interpreter: '
+           f'{", ".join(PARTS)}.', '',
+           '| label | commit | config | fresh data | ' + ' | '.join(MILESTONES) +
+           ' | before the first log line | machine |',
+           '| --- ' * (len(MILESTONES) + 6) + '|']
   for label, row in rows.items():
     cells = [str(row['milestones'].get(name, '-')) for name in MILESTONES]
+    parts = row.get('parts')
     lines.append(f'| {label} | {row["commit"]} | {row["config"]} {" ".join(row["overrides"])} | '
                  f'{"yes" if row["fresh_data"] else "no"} | {" | ".join(cells)} | '
+                 f'{" + ".join(str(parts[name]) for name in PARTS) if parts else "-"} | '
                  f'{machine_name(row["machine"])} |')
   return '\n'.join(lines) + '\n'
 
 
 def main(argv):
   del argv
+  parts = before_first_log_line(os.path.abspath(_CHECKOUT.value)) if _PARTS.value else None
   with tempfile.TemporaryDirectory() as tmp:
     workdir = _WORKDIR.value or os.path.join(tmp, 'workdir')
     milestones = measure(workdir, os.path.join(tmp, 'tfds') if _FRESH_DATA.value else None)
@@ -138,6 +179,8 @@ def main(argv):
          'overrides': _OVERRIDES.value + ([f'num_train_steps={_STEPS.value}'] if _STEPS.value
                                           else []),
          'fresh_data': _FRESH_DATA.value, 'milestones': milestones, 'machine': machine()}
+  if parts:
+    row['parts'] = parts
   add_row(_OUTPUT.value, 'start_up', _LABEL.value, row, markdown)
 
 

@@ -215,7 +215,8 @@ def test_the_wmt_scale_table_is_its_results_file():
 def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint(tmp_path):
   workdir = tmp_path / 'run'
   subprocess.run([sys.executable, '-m', 'benchmarks.start_up', '--config=configs/tiny.py',
-                  '--steps=40', f'--workdir={workdir}', f'--output={tmp_path}', '--label=tiny'],
+                  '--steps=40', f'--workdir={workdir}', f'--output={tmp_path}', '--label=tiny',
+                  '--parts'],
                  cwd=ROOT, check=True, capture_output=True)
   with open(tmp_path / 'start_up.json') as f:
     row = json.load(f)['tiny']
@@ -226,4 +227,10 @@ def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint
   assert row['overrides'] == ['num_train_steps=40'] and not row['fresh_data']
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['40']  # the last; then stopped
   assert 'sacreBLEU' not in (workdir / 'train.log').read_text()  # stopped before a BLEU
-  assert '| tiny |' in (tmp_path / 'start_up.md').read_text()
+  # Before the first log line, in a fresh interpreter: importing train.py's modules (jax, flax,
+  # TFDS, ...) takes a good part of a second at least.
+  parts = row['parts']
+  assert list(parts) == ['interpreter', 'imports', 'cluster_lookup', 'backend']
+  assert parts['imports'] > 0.2 and all(secs >= 0 for secs in parts.values())
+  table = (tmp_path / 'start_up.md').read_text()
+  assert '| tiny |' in table and ' + '.join(map(str, parts.values())) in table
