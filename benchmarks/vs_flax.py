@@ -16,7 +16,7 @@ dropout, flax's in the same dtype. Each --variant adds one more of ours, the con
 overrides (train.py's --config.key=value without the prefix), timed beside the others. Each of
 ours compiles its train step with its config's `xla_flags` (configs/multi30k.py turns Triton's
 matmuls off), as options of that program alone: `--variant=xla_flags=` times it with XLA's
-defaults, as flax's step runs.
+defaults, as flax's step runs (see `workload.Ours` for the host's small share of the difference).
 Both run on the same random batches: each side of each row has a length drawn uniformly from
 [L/2, L], so about 75% of the slots are real tokens, as in the length buckets of Multi30k. Each
 round times every side once (the order rotating); times are medians and each ratio is the median

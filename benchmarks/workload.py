@@ -96,6 +96,11 @@ class Ours:
     self.parameters = model.parameters_per_token(jax_utils.unreplicate(self.state.params))
 
   def _train_step(self, batch):
+    """The pmapped step, as train.py calls it; with XLA options, the program compiled with them
+    (pmap takes none), whose call costs a little less on the host (0.28 against 0.33 ms for the
+    Multi30k recipe's state on a 2-core CPU, a one-off timing)."""
+    if not self.compiler_options:
+      return self.p_train_step
     shapes = tuple(sorted((name, x.shape) for name, x in batch.items()))
     if shapes not in self._compiled:
       self._compiled[shapes] = self.p_train_step.lower(self.state, batch).compile(
@@ -112,7 +117,8 @@ class Ours:
 
   def train_hlo(self, batch) -> str:
     """The train step's optimized HLO for `batch`."""
-    return self._train_step(batch).as_text()
+    return self.p_train_step.lower(self.state, batch).compile(
+        compiler_options=self.compiler_options).as_text()
 
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)
