@@ -9,13 +9,13 @@ configs/default.py, with the variant's config overrides; the random batch of vs_
 --side=flax that of flax's examples/wmt at the same size (see vs_flax.py), under
 `jax.profiler.trace` and adds up the time of each XLA operation the trace records: the thunks a
 CPU runs, or the kernels on an accelerator's timeline (by the HLO operation that launched them).
-Each
-operation is classed by what its HLO computes, read from the step's optimized HLO:
+Each operation is classed by what its HLO computes, read from the step's optimized HLO:
 matmul (a fusion around a dot), reduction (softmax, LayerNorm, loss sums), layout (copy,
 transpose), elementwise (any other fusion), other. Prints the classes' shares, the heaviest
 operations with the jax op that made them, and the model FLOP/s of the step and of its matmuls
 alone (6 FLOPs per parameter and real token, over matmul time) beside the matmul peak of
-measure.py in the model's dtype. Writes benchmarks/results/<name>.{json,md}; with --keep_trace
+measure.py in the model's dtype; on an accelerator also how busy its timeline was within each
+step and how long it idled between steps (`device_timeline`). Writes benchmarks/results/<name>.{json,md}; with --keep_trace
 also the trace (<name>.trace.json.gz) and the optimized HLO (<name>.hlo.txt.gz), to read again.
 """
 
@@ -109,13 +109,7 @@ def operation_seconds(path: str, names: set[str]) -> tuple[dict[str, float], dic
   its `hlo_op` (outside a CUDA graph, whose kernels all have the graph's), else its own name (a
   library's matmul in a graph). On a CPU the thunks are the host's events.
   """
-  with gzip.open(path) as f:
-    events = json.load(f)
-  events = events['traceEvents'] if isinstance(events, dict) else events
-  processes = {e['pid']: e.get('args', {}).get('name', '') for e in events
-               if e.get('ph') == 'M' and e.get('name') == 'process_name'}
-  devices = {pid for pid, name in processes.items()
-             if re.search(r'/device:(GPU|TPU)', name)}
+  events, devices = _trace_events(path)
   kernel_names = {re.sub(r'[.\-]', '_', name): name for name in names}
   seconds, counts = collections.Counter(), collections.Counter()
   for event in events:
@@ -127,6 +121,46 @@ def operation_seconds(path: str, names: set[str]) -> tuple[dict[str, float], dic
       seconds[name] += event['dur'] * 1e-6
       counts[name] += 1
   return dict(seconds), dict(counts)
+
+
+def _trace_events(path: str) -> tuple[list[dict], set[int]]:
+  """A trace's events, and the process ids of its accelerators' timelines."""
+  with gzip.open(path) as f:
+    events = json.load(f)
+  events = events['traceEvents'] if isinstance(events, dict) else events
+  processes = {e['pid']: e.get('args', {}).get('name', '') for e in events
+               if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+  return events, {pid for pid, name in processes.items()
+                  if re.search(r'/device:(GPU|TPU)', name)}
+
+
+def device_timeline(path: str, steps: int) -> dict | None:
+  """When the accelerator computed, per step: `busy_secs` (its kernels, overlaps counted once;
+  copies left out),
+  `span_secs` (from a step's first kernel to its last) and `between_steps_secs` (idle between
+  one step's last kernel and the next's first: the host's share when each step is waited for,
+  as here). The `steps - 1` longest idle gaps are taken as the steps' boundaries. None without an
+  accelerator's timeline (a CPU's)."""
+  events, devices = _trace_events(path)
+  # Copies (the next batch's upload) run on streams of their own, beside the computation.
+  intervals = sorted((e['ts'], e['ts'] + e['dur']) for e in events
+                     if 'dur' in e and e.get('pid') in devices and
+                     not e.get('name', '').startswith('Memcpy'))
+  if not intervals:
+    return None
+  merged = [list(intervals[0])]
+  for start, end in intervals[1:]:
+    if start <= merged[-1][1]:
+      merged[-1][1] = max(merged[-1][1], end)
+    else:
+      merged.append([start, end])
+  gaps = sorted((b[0] - a[1] for a, b in zip(merged, merged[1:])), reverse=True)
+  between = gaps[:steps - 1]
+  whole = merged[-1][1] - merged[0][0]
+  to_secs = lambda micros: micros * 1e-6 / steps
+  return {'busy_secs': to_secs(sum(end - start for start, end in merged)),
+          'span_secs': to_secs(whole - sum(between)),
+          'between_steps_secs': sum(between) * 1e-6 / max(len(between), 1)}
 
 
 def library_class(kernel: str) -> tuple[str, str]:
@@ -198,6 +232,7 @@ def summary(trace: str, hlo: str, steps: int, top: int, flops: float) -> dict:
     by_class[classes[name][0]] += s
     launches[classes[name][0]] += counts[name] / steps
   return {
+      'device_timeline': device_timeline(trace, steps),
       'operation_secs': total,
       'operation_model_flops_per_sec': flops / total,
       'matmul_model_flops_per_sec': flops / max(by_class['matmul'], 1e-9),
@@ -220,7 +255,11 @@ def markdown(r: dict) -> str:
       f'{rate(r["model_flops_per_sec"])} for the step under the tracer, '
       + (f'{rate(r["operation_model_flops_per_sec"])} over the operations\' time, '
          if 'operation_model_flops_per_sec' in r else '')
-      + f'{rate(r["matmul_model_flops_per_sec"])} over matmul time alone.',
+      + f'{rate(r["matmul_model_flops_per_sec"])} over matmul time alone.'
+      + (' On the accelerator\'s timeline, per step: {busy_secs:.4f} s busy in a span of '
+         '{span_secs:.4f} s from its first kernel to its last, and {between_steps_secs:.4f} s '
+         'idle between steps (each step waited for before the next is launched).'
+         .format(**r['device_timeline']) if r.get('device_timeline') else ''),
       '',
       '| class | s per step | share | operations per step |',
       '| --- | --- | --- | --- |']

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import reproduce_multi30k, step_cost, wmt_scale, workload
+from benchmarks import profile_step, reproduce_multi30k, step_cost, wmt_scale, workload
 from benchmarks.measure import round_robin
 from benchmarks.profile_step import hlo_classes, operation_seconds
 from configs import tiny
@@ -61,6 +61,28 @@ def test_gpu_kernels_are_counted_under_the_operation_that_launched_them(tmp_path
   assert seconds == pytest.approx({'loop_add_fusion.12': 40e-6, 'input_scatter_fusion': 5e-6,
                                    'nvjet_sm90_tst_128x128': 20e-6, 'custom-call.3': 8e-6})
   assert counts['loop_add_fusion.12'] == 2
+
+
+def test_the_device_timeline_splits_busy_time_within_steps_from_idle_time_between_them(tmp_path):
+  # Two steps on a GPU's timeline, 80 us apart: kernels at 0-10, 5-8 (on another stream, within
+  # the first) and 12-20 us, then 100-110 and 110-130 us; a copy and a host event, which do not
+  # count.
+  kernel = lambda start, end, tid=1: {'ph': 'X', 'pid': 1, 'tid': tid, 'name': 'k', 'ts': start,
+                                      'dur': end - start}
+  events = [{'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
+            {'ph': 'M', 'pid': 7, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
+            kernel(0, 10), kernel(5, 8, tid=2), kernel(12, 20), kernel(100, 110),
+            kernel(110, 130), {'ph': 'X', 'pid': 7, 'name': 'launch', 'ts': 20, 'dur': 80},
+            dict(kernel(50, 60, tid=3), name='MemcpyH2D')]  # the next batch's upload
+  path = tmp_path / 'trace.json.gz'
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  assert profile_step.device_timeline(str(path), steps=2) == pytest.approx(
+      {'busy_secs': 24e-6, 'span_secs': 25e-6, 'between_steps_secs': 80e-6})
+  del events[0]  # no accelerator: a CPU's trace
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  assert profile_step.device_timeline(str(path), steps=2) is None
 
 
 def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_variants():
