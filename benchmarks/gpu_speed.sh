@@ -5,8 +5,9 @@
 #
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
-# base size, bfloat16, against flax examples/wmt, with XLA's defaults and, as a variant, with
-# Triton's matmuls off),
+# base size, bfloat16, against flax examples/wmt, with XLA's defaults and, as variants, with
+# Triton's matmuls off, and without XLA's multi-output fusion, which joins the sum of split-K
+# matmuls' partial gradients to the gradient norm's reduction),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -72,9 +73,10 @@ for stage in "$@"; do
     loss_check)
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
-      run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+      run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 \
         --variant=xla_flags=--xla_gpu_enable_triton_gemm=false \
+        --variant=xla_flags=--xla_disable_hlo_passes=multi_output_fusion \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
