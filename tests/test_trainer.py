@@ -5,6 +5,7 @@ point: a SIGTERM, another device count, several hosts, train.py's own error line
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -194,7 +195,8 @@ def test_the_compilation_cache_key_keeps_compiled_programs(tmp_path):
 
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
-  train_in_process(workdir, num_train_steps=50)
+  assert re.search(r'training step compiled and dispatched in \d+\.\d s',
+                   train_in_process(workdir, num_train_steps=50))
   assert 'resumed from step 50' in train_in_process(workdir)
   resumed, meta = restore(workdir, 100)
   uninterrupted, meta_full = restore(full_run, 100)

@@ -397,10 +397,13 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
     evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
                             ['validation', 'test'])
+  began = time.time()
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, batches)
-      if step == start_step + 1:
+      if step == start_step + 1:  # its first call compiled the step before dispatching it
+        logging.info('training step compiled%s and dispatched in %.1f s',
+                     ' or loaded' if config.compilation_cache_dir else '', time.time() - began)
         evaluator.training_started()
       log.add(step_metrics)
       last = step == config.num_train_steps
