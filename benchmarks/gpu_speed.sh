@@ -14,9 +14,10 @@
 # multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled, and what
 # comes before its first log line: imports, the look for a cluster, the backend's start),
 # multi30k_one_checkpoint (as multi30k_warm, but only the last step is checkpointed: what the 26
-# checkpoints cost the loop), multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy
-# on the PATH: which thread holds the GIL, then every thread's Python and native frames; speedscope
-# files in OUT/results),
+# checkpoints cost the loop), multi30k_switch (as multi30k_warm, with Python's thread switch
+# interval at 0.5 ms: whether the checkpoint saver's hold on the GIL slows the loop),
+# multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy on the PATH: which thread
+# holds the GIL, then every thread's Python and native frames; speedscope files in OUT/results),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
 # which configs/multi30k.py turns off: what they cost in compilation and give in speed),
 # multi30k_autotune0 (Triton's matmuls off, as configured, and XLA's autotuning off too:
@@ -86,6 +87,13 @@ for stage in "$@"; do
       start_up warm 240 "$cache" --parts ;;
     multi30k_one_checkpoint)
       start_up one_checkpoint 240 "$cache" checkpoint_every_steps=0 average_last=1 ;;
+    multi30k_switch)
+      # The warm recipe with Python's thread switch interval at 0.5 ms instead of 5: if the
+      # checkpoints' saver thread holds the GIL while the loop waits to dispatch, their 50-step
+      # intervals shrink here.
+      run multi30k_switch 240 python3 -c 'import runpy, sys; sys.setswitchinterval(5e-4)
+sys.argv = ["train.py", *sys.argv[1:]]; runpy.run_path("train.py", run_name="__main__")' \
+        "${recipe[@]:2}" --workdir="$work/recipe_switch" ;;
     multi30k_pyspy)
       for mode in gil native; do
         # Native frames need the process paused at each sample: fewer samples.
