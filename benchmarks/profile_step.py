@@ -15,8 +15,9 @@ transpose), elementwise (any other fusion), other. Prints the classes' shares, t
 operations with the jax op that made them, and the model FLOP/s of the step and of its matmuls
 alone (6 FLOPs per parameter and real token, over matmul time) beside the matmul peak of
 measure.py in the model's dtype; on an accelerator also how busy its timeline was within each
-step and how long it idled between steps (`device_timeline`). Writes benchmarks/results/<name>.{json,md}; with --keep_trace
-also the trace (<name>.trace.json.gz) and the optimized HLO (<name>.hlo.txt.gz), to read again.
+step and how long it idled between steps (`device_timeline`). Writes
+benchmarks/results/<name>.{json,md}; with --keep_trace also the trace (<name>.trace.json.gz) and
+the optimized HLO (<name>.hlo.txt.gz), to read again.
 """
 
 import collections

@@ -293,6 +293,21 @@ def test_xla_flags_that_xla_rejects_fail_as_one_config_error(xla_flags, reason, 
   assert os.environ['XLA_FLAGS'] == '--xla_force_host_platform_device_count=4'
 
 
+def test_xla_flags_go_unchecked_with_a_warning_where_jaxlib_cannot_check_them(monkeypatch,
+                                                                            caplog):
+  config = tiny.get_config()
+  config.xla_flags = '--xla_gpu_autotune_level=2'
+  failed = subprocess.CompletedProcess([], 1, '',
+                                      "ModuleNotFoundError: No module named 'jaxlib._jax'")
+  monkeypatch.setattr(config_lib.subprocess, 'run', lambda *args, **kwargs: failed)
+  monkeypatch.setattr(config_lib.xla_bridge, 'backends_are_initialized', lambda: False)
+  monkeypatch.delenv('XLA_FLAGS', raising=False)
+  config_lib.use_xla_flags(config)
+  assert os.environ['XLA_FLAGS'] == '--xla_gpu_autotune_level=2'
+  assert "config.xla_flags not checked: ModuleNotFoundError: No module named 'jaxlib._jax'" in (
+      caplog.text)
+
+
 def test_xla_flags_join_the_environments_which_keeps_its_own_values(monkeypatch, caplog):
   config = multi30k.get_config()
   config.xla_flags = '--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=2'
