@@ -6,8 +6,7 @@
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, with XLA's defaults and, as variants, with
-# Triton's matmuls off, and without XLA's multi-output fusion, which joins the sum of split-K
-# matmuls' partial gradients to the gradient norm's reduction),
+# Triton's matmuls off, and with the attention's projections over the head axes, as on a CPU),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -76,8 +75,7 @@ for stage in "$@"; do
     vs_flax_base)
       run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 \
-        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false \
-        --variant=xla_flags=--xla_disable_hlo_passes=multi_output_fusion \
+        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false --variant=attention_projection=heads \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"

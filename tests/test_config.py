@@ -94,6 +94,7 @@ BAD_VALUES = [
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
     ('loss_reduction', 'fused', "'separate', 'online'"),
+    ('attention_projection', 'einsum', "'matrix', 'heads'"),
     ('xla_flags', 'xla_gpu_enable_triton_gemm=false', "'--xla_name=value'"),
     ('xla_flags', '--xla_gpu_autotune_level', "'--xla_name=value'"),
     ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
@@ -212,6 +213,9 @@ def test_loss_and_decode_batch_default_by_backend(monkeypatch, backend):
   devices = config_lib.jax.local_device_count()
   assert config_lib.decode_batch_tokens(config) == (1950 // devices if on_cpu else 2**17)
   assert config_lib.online_loss(config) == (backend == 'gpu')
+  assert config_lib.model_config(config).attention_projection == ('heads' if on_cpu else 'matrix')
+  config.attention_projection = 'matrix'
+  assert config_lib.model_config(config).attention_projection == 'matrix'
   config.update(loss_chunk_tokens=512, decode_batch_tokens=4096)
   assert (config_lib.loss_chunk(config), config_lib.decode_batch_tokens(config)) == (512, 4096)
   for reduction in ('separate', 'online'):

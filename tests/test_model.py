@@ -313,6 +313,27 @@ def test_cudnn_attention_computes_what_xla_attention_does():
     assert np.linalg.norm(got - want) <= 0.03 * np.linalg.norm(want) + 1e-6, path
 
 
+def test_attention_projections_as_matrices_compute_what_the_head_axes_do():
+  # attention_projection='matrix' multiplies by the kernels as matrices ([..., d_model] by
+  # [d_model, heads * depth], [..., heads * depth] by [heads * depth, d_model]): the same
+  # parameters (a checkpoint of either reads in the other), the same loss and gradients.
+  sources, targets = random_tokens(0, (3, 7)), random_tokens(1, (3, 6))
+  matrix = SMALL.replace(attention_projection='matrix')
+  params = init(matrix, sources, targets)['params']
+  assert (jax.tree_util.tree_map(jnp.shape, params) ==
+          jax.tree_util.tree_map(jnp.shape, init(SMALL, sources, targets)['params']))
+
+  def loss(params, cfg):
+    logits = Transformer(cfg).apply({'params': params}, sources, targets)
+    return jnp.sum(jax.nn.log_softmax(logits) ** 2)
+
+  theirs, ours = (jax.value_and_grad(loss)(params, cfg) for cfg in (SMALL, matrix))
+  for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(theirs),
+                              jax.tree_util.tree_leaves(ours)):  # float32 sums, in other orders
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), path
+
+
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])
 def test_training_on_a_copy_task_lowers_the_loss(layer_norm):
   cfg = SMALL.replace(layer_norm=layer_norm, dropout_rate=0.1, deterministic=False)
