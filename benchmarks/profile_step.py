@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from benchmarks.hlo import hlo_classes
 from benchmarks.measure import machine, machine_name, matmul_peak, write_results
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,
                                  import_ours, load_config, parse_shape, random_batch)
@@ -53,53 +54,6 @@ _REREAD = flags.DEFINE_bool(
 _NAME = flags.DEFINE_string('name', 'profile_step', 'Results go to <name>.json and <name>.md.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where the results go.')
-
-_COMPUTATION = re.compile(r'^%?(\S+) .*\{$')
-_INSTRUCTION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(')
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-
-
-def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
-  """{instruction name: (class, jax op name)} for the instructions of an optimized HLO module."""
-  bodies, current = collections.defaultdict(list), None
-  for line in hlo.splitlines():
-    if (match := _COMPUTATION.match(line)) and not line.startswith(' '):
-      current = match.group(1)
-    elif current and (match := _INSTRUCTION.match(line)):
-      bodies[current].append((match.group(1), match.group(2), line))
-
-  def lines(computation: str, seen=()) -> list[tuple[str, str]]:
-    """(opcode, line) of a computation's instructions and of those of the computations it calls."""
-    found = []
-    for _, opcode, line in bodies.get(computation, ()):
-      found.append((opcode, line))
-      for callee in re.findall(r'(?:calls|to_apply|body|condition)=%?([\w.\-]+)', line):
-        if callee not in seen:
-          found += lines(callee, (*seen, computation))
-    return found
-
-  classes = {}
-  for computation, instructions in bodies.items():
-    for name, opcode, line in instructions:
-      called = re.findall(r'calls=%?([\w.\-]+)', line)
-      body = [pair for c in called for pair in lines(c)] or [(opcode, line)]
-      inside = {op for op, _ in body}
-      computed = inside - {'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast'}
-      dots = [text for op, text in body if op in ('dot', 'convolution')]
-      op_name = _OP_NAME.search(dots[0] if dots else line)  # a matmul is named by its dot
-      if dots:
-        kind = 'matmul'
-      elif computed & {'reduce', 'reduce-window'}:
-        kind = 'reduction'
-      elif computed <= {'copy', 'transpose'} and (computed or 'bitcast' in inside):
-        kind = 'layout'
-      elif called:
-        kind = 'elementwise'
-      else:
-        kind = 'other'
-      classes.setdefault(name, (kind, op_name.group(1) if op_name else ''))
-  return classes
-
 
 def operation_seconds(path: str, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
   """Seconds and events per HLO instruction name over a trace's complete events.

@@ -211,27 +211,28 @@ class Flax:
         apply_fn=None, params=params, tx=optax.adamw(learning_rate, b1=0.9, b2=0.98, eps=1e-9,
                                                      weight_decay=0.0), dynamic_scale=None)
     self.state = jax_utils.replicate(state)
-    self.p_train_step = jax.pmap(
-        functools.partial(self.train_module.train_step, config=self.model_config,
-                          learning_rate_fn=learning_rate, label_smoothing=0.1),
-        axis_name='batch', donate_argnums=(0,))
+    self.train_step = functools.partial(  # per device; its dropout_rng by keyword
+        self.train_module.train_step, config=self.model_config, learning_rate_fn=learning_rate,
+        label_smoothing=0.1)
+    self.p_train_step = jax.pmap(self.train_step, axis_name='batch', donate_argnums=(0,))
     self.dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
     self.predict_config = self.model_config.replace(deterministic=True, decode=True)
 
   def train(self, batch, steps: int = 1):
     """As `Ours.train`."""
     for _ in range(steps):
-      self.state, metrics = self.p_train_step(self.state, self._batch(batch),
+      self.state, metrics = self.p_train_step(self.state, self.inputs(batch),
                                               dropout_rng=self.dropout_rngs)
     jax.block_until_ready(metrics)
 
   def train_hlo(self, batch) -> str:
     """The train step's optimized HLO for `batch`."""
-    return self.p_train_step.lower(self.state, self._batch(batch),
+    return self.p_train_step.lower(self.state, self.inputs(batch),
                                    dropout_rng=self.dropout_rngs).compile().as_text()
 
   @staticmethod
-  def _batch(batch):
+  def inputs(batch):
+    """Our batch under flax's names."""
     return {'inputs': batch['sources'], 'targets': batch['targets']}
 
   def beam_params(self):

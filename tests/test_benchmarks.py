@@ -3,6 +3,7 @@ results table, the step-cost comparison's configs, rounds and ratios, a variant'
 the generated WMT-sized corpus, the start-up milestones."""
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import profile_step, reproduce_multi30k, step_cost, wmt_scale, workload
+from benchmarks import hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale, workload
 from benchmarks.measure import round_robin
-from benchmarks.profile_step import hlo_classes, operation_seconds
+from benchmarks.profile_step import operation_seconds
 from configs import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,9 +28,9 @@ def test_hlo_operations_are_classed_by_what_they_compute():
     return jnp.tanh(a @ b).sum(), jnp.exp(a).sum(), a.T * 2.0, a.T
 
   a = jnp.ones((64, 32))
-  hlo = jax.jit(step).lower(a, a.T).compile().as_text()
-  classes = hlo_classes(hlo)
-  entry = hlo[hlo.index('ENTRY'):]
+  text = jax.jit(step).lower(a, a.T).compile().as_text()
+  classes = hlo.hlo_classes(text)
+  entry = text[text.index('ENTRY'):]
   executed = {name: kind for name, (kind, _) in classes.items() if f'%{name} = ' in entry}
   kinds = sorted(kind for kind in executed.values() if kind != 'other')
   # One matmul (the dot, whatever XLA fuses into it), one reduction (exp then sum), and the
@@ -38,6 +39,78 @@ def test_hlo_operations_are_classed_by_what_they_compute():
   assert 'reduction' in kinds and 'layout' in kinds and 'elementwise' in kinds, executed
   (matmul,) = [name for name, kind in executed.items() if kind == 'matmul']
   assert classes[matmul][1].endswith('dot_general')  # named by its dot, not its fusion's root
+
+
+# An optimized GPU module, cut down: three split-K matmuls writing partial products
+# f32[parts, m, n] (two Triton fusions and a cuBLAS call) and the sums of their parts, one writing
+# the matmul's layout and two its transpose ({0,1}).
+GPU_HLO = """HloModule step
+
+%gemm_fusion_dot.1_computation (p0: bf16[16,64], p1: bf16[64,16]) -> f32[8,16,16] {
+  %p0 = bf16[16,64]{1,0} parameter(0)
+  %p1 = bf16[64,16]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,16,16]{2,1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%fused_reduce (param_0: f32[8,16,16]) -> f32[16,16] {
+  %param_0 = f32[8,16,16]{2,1,0} parameter(0)
+  %zero = f32[] constant(0)
+  ROOT %reduce.1 = f32[16,16]{1,0} reduce(%param_0, %zero), dimensions={0}, to_apply=%add
+}
+
+%fused_reduce.1 (param_0.1: f32[2,16,16]) -> f32[16,16] {
+  %param_0.1 = f32[2,16,16]{2,1,0} parameter(0)
+  %zero.1 = f32[] constant(0)
+  %reduce.2 = f32[16,16]{0,1} reduce(%param_0.1, %zero.1), dimensions={0}, to_apply=%add
+  ROOT %bitcast.1 = f32[16,16]{1,0} bitcast(%reduce.2)
+}
+
+%fused_reduce.2 (param_0.2: f32[4,16,16]) -> f32[16,16] {
+  %param_0.2 = f32[4,16,16]{2,1,0} parameter(0)
+  %zero.2 = f32[] constant(0)
+  %reduce.3 = f32[16,16]{0,1} reduce(%param_0.2, %zero.2), dimensions={0}, to_apply=%add
+  ROOT %bitcast.2 = f32[16,16]{1,0} bitcast(%reduce.3)
+}
+
+ENTRY %main (a: bf16[16,64], b: bf16[64,16]) -> (f32[16,16], f32[16,16], f32[16,16]) {
+  %a = bf16[16,64]{1,0} parameter(0)
+  %b = bf16[64,16]{1,0} parameter(1)
+  %gemm_fusion_dot.1 = f32[8,16,16]{2,1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_fusion_dot.1_computation
+  %gemm_fusion_dot.2 = f32[2,16,16]{2,1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_fusion_dot.1_computation
+  %input_reduce_fusion = f32[16,16]{1,0} fusion(%gemm_fusion_dot.1), kind=kInput, calls=%fused_reduce
+  %input_reduce_fusion.1 = f32[16,16]{1,0} fusion(%gemm_fusion_dot.2), kind=kInput, calls=%fused_reduce.1
+  %custom-call.1 = (f32[4,16,16]{2,1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
+  %get-tuple-element.1 = f32[4,16,16]{2,1,0} get-tuple-element(%custom-call.1), index=0
+  %input_reduce_fusion.2 = f32[16,16]{1,0} fusion(%get-tuple-element.1), kind=kInput, calls=%fused_reduce.2
+  ROOT %tuple = (f32[16,16]{1,0}, f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%input_reduce_fusion, %input_reduce_fusion.1, %input_reduce_fusion.2)
+}
+"""
+
+
+def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose():
+  assert hlo.kernels_by_class(GPU_HLO) == {'matmul': 3, 'reduction': 3}
+  assert hlo.split_k_sums(GPU_HLO) == [{'parts': 8, 'transposed': False},
+                                       {'parts': 2, 'transposed': True},
+                                       {'parts': 4, 'transposed': True}]
+
+
+@pytest.mark.skipif(importlib.util.find_spec('jax_plugins') is None or
+                    importlib.util.find_spec('jax_plugins.xla_cuda12') is None,
+                    reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]')")
+def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
+  # configs/multi30k.py turns Triton's matmuls off: cuBLAS's return whole weight gradients.
+  subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
+                  '--shape=16x16', '--variant=', '--variant=xla_flags=', '--flax_dir=',
+                  f'--output={tmp_path}'], check=True, cwd=ROOT)
+  configured, triton = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
+  assert configured['kernels']['matmul'] > 0 and triton['kernels']['matmul'] > 0
+  assert configured['split_k_sums'] == 0
 
 
 def test_gpu_kernels_are_counted_under_the_operation_that_launched_them(tmp_path):

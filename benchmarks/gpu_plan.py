@@ -1,0 +1,137 @@
+r"""XLA's plan for the train step on an H100, compiled on a machine without a GPU.
+
+  pip install -e '.[cuda12]'  # jax's CUDA plugin; no GPU or driver needed
+  python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--variant='key=value ...']...
+      [--flax_dir=DIR] [--ours=CHECKOUT] [--name=gpu_plan]
+
+jax compiles for a GPU described by XLA's target config (`jax.experimental.topologies`, XLA's
+deviceless compilation), so what XLA would launch on an H100 can be read anywhere: our train step
+(each --variant's config overrides, its `xla_flags` as options of that program) and flax
+examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py),
+and the split-K matmuls whose partial sums XLA adds in a kernel that transposes them, 54 us
+against 4 us a 512x512 weight on an H100 (docs/speed.md). Without a GPU XLA cannot autotune, so
+matmuls get its default tilings and the plan approximates the one an H100 compiles; times come
+only from a GPU (benchmarks/profile_step.py). The config's by-backend choices are the GPU's.
+Writes benchmarks/results/<name>.{json,md}.
+"""
+
+import os
+
+# Before jax starts: its CUDA plugin checks for a driver unless told not to, and the only backend
+# this runs on is the CPU.
+os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from absl import app, flags  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from benchmarks.hlo import kernels_by_class, split_k_sums  # noqa: E402
+from benchmarks.measure import write_results  # noqa: E402
+from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
+                                 import_ours, load_config, parse_shape)
+
+_SIZE = flags.DEFINE_enum('size', 'base', list(CONFIG_FILES), "The model's config.")
+_SHAPE = flags.DEFINE_string('shape', '256x64', 'Training batch, rows x length.')
+_VARIANTS = flags.DEFINE_multi_string(
+    'variant', [''], "Space-separated key=value config overrides, one plan each ('' as is).")
+_FLAX_DIR = flags.DEFINE_string(
+    'flax_dir', FLAX_DIR, "Where flax examples/wmt is (fetched from the flax sdist if absent); "
+    "'' leaves flax's step out.")
+_OURS = flags.DEFINE_string(
+    'ours', '', "A checkout whose configs/ and transformer/ are planned as ours (default: this "
+    "one).")
+_NAME = flags.DEFINE_string('name', 'gpu_plan', 'Results go to <name>.json and <name>.md.')
+_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                              'Where the results go.')
+
+# An H100 80GB HBM3 (SXM) as XLA's GpuTargetConfig describes a device; CUDA 12.9 and cuDNN 9.8,
+# as jax[cuda12] installs them.
+H100 = """
+gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84929347584 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 8 }
+runtime_version { major: 12 minor: 9 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+def plan(hlo: str) -> dict:
+  sums = split_k_sums(hlo)
+  return {'kernels': kernels_by_class(hlo), 'split_k_sums': len(sums),
+          'transposed_sums': sum(s['transposed'] for s in sums)}
+
+
+def compile_for_h100(step, args, options: dict) -> str:
+  """The optimized HLO of the per-device `step` (pmapped in training, its axis 'batch') compiled
+  for one H100: under shard_map over a one-device mesh, so that its collectives have their axis."""
+  topology = topologies.get_topology_desc(platform='cuda', target_config=H100,
+                                          topology='1x1x1')
+  mesh = topologies.make_mesh(topology, (1,), ('batch',))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  args = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
+  mapped = jax.shard_map(step, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+                         check_vma=False)
+  return jax.jit(mapped).lower(*args).compile(compiler_options=options).as_text()
+
+
+def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
+  classes = sorted({c for row in rows for c in row['kernels']})
+  source = f' Ours: the checkout {checkout}.' if checkout else ''
+  lines = [f'XLA\'s plan of one train step for an NVIDIA H100, compiled without one by jax '
+           f'{jax.__version__} (`python -m benchmarks.gpu_plan`): {size} size, {shape} batch. '
+           'Split-K sums: the kernels adding split-K matmuls\' partial products; transposed: '
+           f'those that write them in another layout than the matmul.{source}', '',
+           '| side | variant | kernels | ' + ' | '.join(classes) +
+           ' | split-K sums | transposed |',
+           '| --- | --- | --- | ' + ' | '.join('---' for _ in classes) + ' | --- | --- |']
+  for row in rows:
+    lines.append(f"| {row['side']} | {row['variant'] or 'as configured'} | "
+                 f"{sum(row['kernels'].values())} | " +
+                 ' | '.join(str(row['kernels'].get(c, 0)) for c in classes) +
+                 f" | {row['split_k_sums']} | {row['transposed_sums']} |")
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  del argv
+  try:
+    topologies.get_topology_desc(platform='cuda', target_config=H100, topology='1x1x1')
+  except Exception as error:  # jax raises NotImplementedError or RuntimeError
+    raise SystemExit(f"benchmarks.gpu_plan: jax cannot compile for a GPU here ({error}); "
+                     "install its CUDA plugin: pip install -e '.[cuda12]'") from None
+  jax.default_backend = lambda: 'gpu'  # the config's by-backend choices (attention, loss)
+  rows, length = parse_shape(_SHAPE.value)
+  batch = {side: jax.ShapeDtypeStruct((rows, length), jnp.int32)
+           for side in ('sources', 'targets')}
+  modules = import_ours(_OURS.value)
+  results = []
+  for variant in _VARIANTS.value:
+    ours = Ours(modules, load_config(variant, _SIZE.value, _OURS.value))
+    state = jax.tree_util.tree_map(lambda x: x[0], ours.state)
+    hlo = compile_for_h100(ours.steps.train_step, (state, batch), ours.compiler_options)
+    results.append({'side': 'ours', 'variant': variant, **plan(hlo)})
+  if _FLAX_DIR.value:
+    theirs = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
+    state = jax.tree_util.tree_map(lambda x: x[0], theirs.state)
+    step = lambda state, batch, rng: theirs.train_step(state, batch, dropout_rng=rng)
+    hlo = compile_for_h100(step, (state, theirs.inputs(batch), theirs.dropout_rngs[0]), {})
+    results.append({'side': 'flax', 'variant': '', **plan(hlo)})
+  write_results(_OUTPUT.value, _NAME.value,
+                {'size': _SIZE.value, 'shape': _SHAPE.value, 'device': 'NVIDIA H100 80GB HBM3',
+                 'jax': jax.__version__, 'ours': _OURS.value or 'this checkout',
+                 'rows': results}, markdown(results, _SIZE.value, _SHAPE.value, _OURS.value))
+
+
+if __name__ == '__main__':
+  app.run(main)
