@@ -18,6 +18,7 @@ VARIANTS = {
     'post-ln': SMALL,
     'pre-ln,learned,unshared': SMALL.replace(layer_norm='pre', positional_encoding='learned',
                                              share_embeddings=False, tie_output_embedding=False),
+    'matrix projections': SMALL.replace(attention_projection='matrix'),  # a GPU's default
 }
 
 
