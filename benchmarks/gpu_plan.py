@@ -65,18 +65,29 @@ runtime_version { major: 12 minor: 9 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
+
+def h100_mesh():
+  """A one-device mesh of an H100 described by `H100`, its axis 'batch' (the pmapped axis of the
+  steps). Exits with what to install where jax cannot compile for a GPU."""
+  try:
+    topology = topologies.get_topology_desc(platform='cuda', target_config=H100,
+                                            topology='1x1x1')
+  except Exception as error:  # jax raises NotImplementedError or RuntimeError
+    raise SystemExit(f"benchmarks.gpu_plan: jax cannot compile for a GPU here ({error}); "
+                     "install its CUDA plugin: pip install -e '.[cuda12]'") from None
+  return topologies.make_mesh(topology, (1,), ('batch',))
+
+
 def plan(hlo: str) -> dict:
+  """The kernels by class and the split-K sums of an optimized GPU module."""
   sums = split_k_sums(hlo)
   return {'kernels': kernels_by_class(hlo), 'split_k_sums': len(sums),
           'transposed_sums': sum(s['transposed'] for s in sums)}
 
 
-def compile_for_h100(step, args, options: dict) -> str:
+def compile_for_h100(mesh, step, args, options: dict) -> str:
   """The optimized HLO of the per-device `step` (pmapped in training, its axis 'batch') compiled
-  for one H100: under shard_map over a one-device mesh, so that its collectives have their axis."""
-  topology = topologies.get_topology_desc(platform='cuda', target_config=H100,
-                                          topology='1x1x1')
-  mesh = topologies.make_mesh(topology, (1,), ('batch',))
+  for `h100_mesh()`: under shard_map over it, so that its collectives have their axis."""
   replicated = NamedSharding(mesh, PartitionSpec())
   args = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
@@ -105,11 +116,7 @@ def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
 
 def main(argv):
   del argv
-  try:
-    topologies.get_topology_desc(platform='cuda', target_config=H100, topology='1x1x1')
-  except Exception as error:  # jax raises NotImplementedError or RuntimeError
-    raise SystemExit(f"benchmarks.gpu_plan: jax cannot compile for a GPU here ({error}); "
-                     "install its CUDA plugin: pip install -e '.[cuda12]'") from None
+  mesh = h100_mesh()
   jax.default_backend = lambda: 'gpu'  # the config's by-backend choices (attention, loss)
   rows, length = parse_shape(_SHAPE.value)
   batch = {side: jax.ShapeDtypeStruct((rows, length), jnp.int32)
@@ -119,13 +126,13 @@ def main(argv):
   for variant in _VARIANTS.value:
     ours = Ours(modules, load_config(variant, _SIZE.value, _OURS.value))
     state = jax.tree_util.tree_map(lambda x: x[0], ours.state)
-    hlo = compile_for_h100(ours.steps.train_step, (state, batch), ours.compiler_options)
+    hlo = compile_for_h100(mesh, ours.steps.train_step, (state, batch), ours.compiler_options)
     results.append({'side': 'ours', 'variant': variant, **plan(hlo)})
   if _FLAX_DIR.value:
     theirs = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
     state = jax.tree_util.tree_map(lambda x: x[0], theirs.state)
     step = lambda state, batch, rng: theirs.train_step(state, batch, dropout_rng=rng)
-    hlo = compile_for_h100(step, (state, theirs.inputs(batch), theirs.dropout_rngs[0]), {})
+    hlo = compile_for_h100(mesh, step, (state, theirs.inputs(batch), theirs.dropout_rngs[0]), {})
     results.append({'side': 'flax', 'variant': '', **plan(hlo)})
   write_results(_OUTPUT.value, _NAME.value,
                 {'size': _SIZE.value, 'shape': _SHAPE.value, 'device': 'NVIDIA H100 80GB HBM3',
