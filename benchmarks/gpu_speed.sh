@@ -5,8 +5,9 @@
 #
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
-# base size, bfloat16, against flax examples/wmt, with XLA's defaults and, as variants, with
-# Triton's matmuls off, and with the attention's projections over the head axes, as on a CPU),
+# base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off) and, as
+# variants, with XLA's defaults, and with the attention's projections over the head axes, as on a
+# CPU),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -18,7 +19,7 @@
 # multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy on the PATH: which thread
 # holds the GIL, then every thread's Python and native frames; speedscope files in OUT/results),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
-# which configs/multi30k.py turns off: what they cost in compilation and give in speed),
+# which configs/default.py turns off: what they cost in compilation and give in speed),
 # multi30k_autotune0 (Triton's matmuls off, as configured, and XLA's autotuning off too:
 # cuBLAS's own choice of kernels),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
@@ -75,7 +76,7 @@ for stage in "$@"; do
     vs_flax_base)
       run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 \
-        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false --variant=attention_projection=heads \
+        --variant=xla_flags= --variant=attention_projection=heads \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"

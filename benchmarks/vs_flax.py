@@ -14,7 +14,7 @@ layers, float32) or configs/default.py, the paper's base (d_model 512, d_ff 2048
 layers, bfloat16), each with its shared vocabulary tied to the output, dropout 0.1 and no attention
 dropout, flax's in the same dtype. Each --variant adds one more of ours, the config with those
 overrides (train.py's --config.key=value without the prefix), timed beside the others. Each of
-ours compiles its train step with its config's `xla_flags` (configs/multi30k.py turns Triton's
+ours compiles its train step with its config's `xla_flags` (configs/default.py turns Triton's
 matmuls off), as options of that program alone: `--variant=xla_flags=` times it with XLA's
 defaults, as flax's step runs (see `workload.Ours` for the host's small share of the difference).
 Both run on the same random batches: each side of each row has a length drawn uniformly from

@@ -43,8 +43,4 @@ def get_config(pair: str = 'en-de'):
   config.checkpoint_every_steps = 100
   config.checkpoint_every_secs = 0
   config.keep_checkpoints = 10
-  # On a GPU, cuBLAS for every matmul: with XLA's Triton matmuls a cold start of this recipe took
-  # 75.5 s on an H100 against 53.6 s, compiling, at the same step speed (docs/speed.md). No
-  # effect on a CPU.
-  config.xla_flags = '--xla_gpu_enable_triton_gemm=false'
   return config

@@ -104,7 +104,7 @@ def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose
                     importlib.util.find_spec('jax_plugins.xla_cuda12') is None,
                     reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]')")
 def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
-  # configs/multi30k.py turns Triton's matmuls off: cuBLAS's return whole weight gradients.
+  # configs/default.py turns Triton's matmuls off: cuBLAS's return whole weight gradients.
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
                   '--shape=16x16', '--variant=', '--variant=xla_flags=', '--flax_dir=',
                   f'--output={tmp_path}'], check=True, cwd=ROOT)
