@@ -9,7 +9,7 @@ import pytest
 from configs import default, wmt14
 from transformer import plots
 from transformer import config as config_lib
-from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count,
+from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count, relu,
                                sinusoidal_encoding)
 
 SMALL = TransformerConfig(vocab_size=23, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
@@ -333,6 +333,20 @@ def test_attention_projections_as_matrices_compute_what_the_head_axes_do():
                               jax.tree_util.tree_leaves(ours)):  # float32 sums, in other orders
     want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), path
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_relu_and_its_gradient_are_jaxs(dtype):
+  # The feed-forward ReLU takes its derivative from its output (so XLA can fuse it into the
+  # matmul): values and gradients exactly jax.nn.relu's, at 0 and -0 too (gradient 0 there).
+  x = jnp.concatenate([jnp.array([0.0, -0.0, 1e-30, -1e-30]),
+                       jax.random.normal(jax.random.key(0), (1000,))]).astype(dtype)
+  weights = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
+  ours, theirs = (jax.value_and_grad(lambda x, f=f: jnp.sum(f(x) * weights))(x)
+                  for f in (relu, jax.nn.relu))
+  np.testing.assert_array_equal(relu(x), jax.nn.relu(x))
+  np.testing.assert_array_equal(ours[1], theirs[1])
+  assert ours[1][0] == ours[1][1] == ours[1][3] == 0 and ours[1][2] == weights[2]
 
 
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])
