@@ -6,8 +6,9 @@
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off) and, as
-# variants, with XLA's defaults, and with the attention's projections over the head axes, as on a
-# CPU),
+# variants, without XLA's merging of matmuls that share an input (the attention's query, key and
+# value projections, the cross-attention's keys and values of every layer), with XLA's defaults,
+# and with the attention's projections over the head axes, as on a CPU),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -74,8 +75,9 @@ for stage in "$@"; do
     loss_check)
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
-      run vs_flax_base 300 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+      run vs_flax_base 360 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 \
+        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
         --variant=xla_flags= --variant=attention_projection=heads \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)

@@ -9,6 +9,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -32,10 +33,11 @@ CONFIG_FILES = {'multi30k': 'multi30k.py', 'base': 'default.py'}  # in configs/
 
 def load_config(variant: str, size: str = 'multi30k', checkout: str = ''):
   """The config of `size` from the configs/ of `checkout` (default: this one), with the variant's
-  space-separated key=value overrides, parsed as train.py parses its --config.key=value."""
+  space-separated key=value overrides, parsed as train.py parses its --config.key=value; a value
+  with spaces is quoted as in a shell: xla_flags='--xla_a=1 --xla_b=2'."""
   root = checkout or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   argv = ['benchmark', f'--config={os.path.join(root, "configs", CONFIG_FILES[size])}',
-          *(f'--config.{o}' for o in variant.split())]
+          *(f'--config.{o}' for o in shlex.split(variant))]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
   try:

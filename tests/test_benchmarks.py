@@ -263,6 +263,16 @@ def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
   assert loop_fusions(gpu_flags) > 10 and loop_fusions(unfused) == 0
 
 
+def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
+  config = workload.load_config(
+      "xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger' "
+      'attention_projection=heads model.num_heads=4', size='base')
+  assert config.xla_flags == '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'
+  assert config.attention_projection == 'heads' and config.model.num_heads == 4
+  with pytest.raises(SystemExit, match='model.num_head'):
+    workload.load_config('model.num_head=4')
+
+
 def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
   order = []
   times = round_robin({name: lambda name=name: order.append(name) for name in 'abc'}, 4)
