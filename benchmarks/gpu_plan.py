@@ -7,9 +7,10 @@ r"""XLA's plan for the train step on an H100, compiled on a machine without a GP
 jax compiles for a GPU described by XLA's target config (`jax.experimental.topologies`, XLA's
 deviceless compilation), so what XLA would launch on an H100 can be read anywhere: our train step
 (each --variant's config overrides, its `xla_flags` as options of that program) and flax
-examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py),
-and the split-K matmuls whose partial sums XLA adds in a kernel that transposes them, 54 us
-against 4 us a 512x512 weight on an H100 (docs/speed.md). Without a GPU XLA cannot autotune, so
+examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py), the
+bytes that those which are not matmuls move (bound by bandwidth: the H100 moved them at 71% of
+its 3.35 TB/s, docs/speed.md), and the split-K matmuls whose partial sums XLA adds in a kernel
+that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed.md). Without a GPU XLA cannot autotune, so
 matmuls get its default tilings and the plan approximates the one an H100 compiles; times come
 only from a GPU (benchmarks/profile_step.py). The config's by-backend choices are the GPU's.
 Writes benchmarks/results/<name>.{json,md}.
@@ -28,7 +29,7 @@ from absl import app, flags  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from benchmarks.hlo import kernels_by_class, split_k_sums  # noqa: E402
+from benchmarks.hlo import kernel_bytes, kernels_by_class, split_k_sums  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
                                  import_ours, load_config, parse_shape)
@@ -79,10 +80,11 @@ def h100_mesh():
 
 
 def plan(hlo: str) -> dict:
-  """The kernels by class and the split-K sums of an optimized GPU module."""
+  """The kernels by class, the bytes of those that are not matmuls and the split-K sums of an
+  optimized GPU module."""
   sums = split_k_sums(hlo)
-  return {'kernels': kernels_by_class(hlo), 'split_k_sums': len(sums),
-          'transposed_sums': sum(s['transposed'] for s in sums)}
+  return {'kernels': kernels_by_class(hlo), 'kernel_bytes': kernel_bytes(hlo),
+          'split_k_sums': len(sums), 'transposed_sums': sum(s['transposed'] for s in sums)}
 
 
 def compile_for_h100(mesh, step, args, options: dict) -> str:
@@ -101,16 +103,20 @@ def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
   source = f' Ours: the checkout {checkout}.' if checkout else ''
   lines = [f'XLA\'s plan of one train step for an NVIDIA H100, compiled without one by jax '
            f'{jax.__version__} (`python -m benchmarks.gpu_plan`): {size} size, {shape} batch. '
-           'Split-K sums: the kernels adding split-K matmuls\' partial products; transposed: '
-           f'those that write them in another layout than the matmul.{source}', '',
+           'GB moved: what the kernels that are not matmuls read and write '
+           '(`benchmarks.hlo.kernel_bytes`), which bounds their time from below at the H100\'s '
+           '3.35 TB/s. Split-K sums: the kernels adding split-K matmuls\' partial '
+           'products; transposed: those that write them in another layout than the matmul.'
+           f'{source}', '',
            '| side | variant | kernels | ' + ' | '.join(classes) +
-           ' | split-K sums | transposed |',
-           '| --- | --- | --- | ' + ' | '.join('---' for _ in classes) + ' | --- | --- |']
+           ' | GB moved | split-K sums | transposed |',
+           '| --- | --- | --- | ' + ' | '.join('---' for _ in classes) + ' | --- | --- | --- |']
   for row in rows:
     lines.append(f"| {row['side']} | {row['variant'] or 'as configured'} | "
                  f"{sum(row['kernels'].values())} | " +
                  ' | '.join(str(row['kernels'].get(c, 0)) for c in classes) +
-                 f" | {row['split_k_sums']} | {row['transposed_sums']} |")
+                 f" | {sum(row['kernel_bytes'].values()) / 1e9:.2f} | {row['split_k_sums']} | "
+                 f"{row['transposed_sums']} |")
   return '\n'.join(lines) + '\n'
 
 

@@ -1,7 +1,9 @@
 """Reading XLA's optimized HLO text: what each instruction computes, which kernels a step
-launches, and how split-K matmuls' partial products are summed."""
+launches, how many bytes the kernels that are not matmuls move, and how split-K matmuls' partial
+products are summed."""
 
 import collections
+import math
 import re
 
 _COMPUTATION = re.compile(r'^%?(\S+) .*\{$')
@@ -71,6 +73,72 @@ def kernels_by_class(hlo: str) -> dict[str, int]:
   counts = collections.Counter(classes.get(name, ('other',))[0]
                                for name, _ in _KERNEL.findall(_entry(hlo)))
   return dict(sorted(counts.items()))
+
+
+_BYTES_PER_ELEMENT = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2,
+                      'f32': 4, 's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
+_ARRAY = re.compile(r'\b([a-z]+\d*)\[([\d,]*)\]')
+# name, shape (a tuple's in brackets), opcode, operands
+_OPERATION = re.compile(r'^\s+(?:ROOT )?%([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(([^)]*)\)')
+
+
+def shape_bytes(shape: str) -> int:
+  """The bytes of an HLO shape, a tuple's arrays summed: 'bf16[16,64]{1,0}' is 2048."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(shape):
+    total += _BYTES_PER_ELEMENT.get(dtype, 0) * math.prod(int(d) for d in dims.split(',') if d)
+  return total
+
+
+def _operations(hlo: str) -> dict[str, list[tuple[str, str, str, list[str], str]]]:
+  """{computation: [(name, shape, opcode, operand names, line)]} of an HLO module's text."""
+  bodies, current = {}, None
+  for line in hlo.splitlines():
+    if not line.startswith(' ') and (match := _COMPUTATION.match(line)):
+      current = bodies.setdefault(match.group(1), [])
+    elif current is not None and (match := _OPERATION.match(line)):
+      name, shape, opcode, operands = match.groups()
+      current.append((name, shape, opcode, re.findall(r'%([\w.\-]+)', operands), line))
+  return bodies
+
+
+def _bytes_read(body, index: int, whole: int) -> int:
+  """What a fused computation reads of its parameter `index`: the slices it takes, where it
+  only slices it (through bitcasts), else all of it."""
+  names = {name for name, _, opcode, _, line in body
+           if opcode == 'parameter' and f'parameter({index})' in line}
+  sliced = 0
+  for name, shape, opcode, operands, _ in body:  # operations come after their operands
+    if names & set(operands):
+      if opcode == 'bitcast':
+        names.add(name)
+      elif opcode == 'slice':
+        sliced += shape_bytes(shape)
+      else:
+        return whole
+  return sliced or whole
+
+
+def kernel_bytes(hlo: str) -> dict[str, int]:
+  """The bytes that one call of an optimized GPU module's fusion kernels which are not matmuls
+  read and write, by `hlo_classes` class: each output whole, each operand whole or, where the
+  kernel only slices it, the slices.
+
+  Such kernels are bound by memory bandwidth, so these bytes over the device's bandwidth bound
+  their time from below.
+  """
+  bodies = _operations(hlo)
+  shapes = {name: shape for body in bodies.values() for name, shape, *_ in body}
+  classes = hlo_classes(hlo)
+  moved = collections.Counter()
+  for name, shape, opcode, operands, line in bodies.get('ENTRY', []):
+    called = re.search(r'calls=%([\w.\-]+)', line)
+    if opcode != 'fusion' or not called or classes.get(name, ('other',))[0] == 'matmul':
+      continue
+    moved[classes[name][0]] += shape_bytes(shape) + sum(
+        _bytes_read(bodies.get(called.group(1), []), index, shape_bytes(shapes.get(operand, '')))
+        for index, operand in enumerate(operands))
+  return dict(sorted(moved.items()))
 
 
 def split_k_sums(hlo: str) -> list[dict]:

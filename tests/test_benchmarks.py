@@ -93,6 +93,42 @@ ENTRY %main (a: bf16[16,64], b: bf16[64,16]) -> (f32[16,16], f32[16,16], f32[16,
 """
 
 
+# Two kernels that are not matmuls: one slicing two thirds out of its operand (through a bitcast),
+# one reading both of its operands whole.
+SLICE_HLO = """HloModule slices
+
+%fused_slice (param_0: bf16[16,48]) -> (bf16[4,4,16], bf16[4,4,16]) {
+  %param_0 = bf16[16,48]{1,0} parameter(0)
+  %bitcast.1 = bf16[4,4,48]{2,1,0} bitcast(%param_0)
+  %slice.1 = bf16[4,4,16]{2,1,0} slice(%bitcast.1), slice={[0:4], [0:4], [0:16]}
+  %slice.2 = bf16[4,4,16]{2,1,0} slice(%bitcast.1), slice={[0:4], [0:4], [16:32]}
+  ROOT %tuple.1 = (bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}) tuple(%slice.1, %slice.2)
+}
+
+%fused_add (param_0.1: bf16[16,48], param_1: bf16[16,48]) -> bf16[16,48] {
+  %param_0.1 = bf16[16,48]{1,0} parameter(0)
+  %param_1 = bf16[16,48]{1,0} parameter(1)
+  ROOT %add.1 = bf16[16,48]{1,0} add(%param_0.1, %param_1)
+}
+
+ENTRY %main (a: bf16[16,48]) -> ((bf16[4,4,16], bf16[4,4,16]), bf16[16,48]) {
+  %a = bf16[16,48]{1,0} parameter(0)
+  %loop_slice_fusion = (bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}) fusion(%a), kind=kLoop, calls=%fused_slice
+  %loop_add_fusion = bf16[16,48]{1,0} fusion(%a, %a), kind=kLoop, calls=%fused_add
+  ROOT %tuple = ((bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}), bf16[16,48]{1,0}) tuple(%loop_slice_fusion, %loop_add_fusion)
+}
+"""
+
+
+def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
+  # The slices: 2 x 256 elements read and written; the add: 768 written, 2 x 768 read; bfloat16.
+  assert hlo.kernel_bytes(SLICE_HLO) == {'elementwise': (2 * 2 * 256 + 3 * 768) * 2}
+  # The split-K sums read 8 + 2 + 4 float32 16x16 parts and write three 16x16 sums; the matmuls
+  # are left out.
+  assert hlo.kernel_bytes(GPU_HLO) == {'reduction': (8 + 2 + 4 + 3) * 16 * 16 * 4}
+  assert hlo.shape_bytes('(bf16[16,64]{1,0}, s8[64]{0}, pred[])') == 16 * 64 * 2 + 64 + 1
+
+
 def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose():
   assert hlo.kernels_by_class(GPU_HLO) == {'matmul': 3, 'reduction': 3}
   assert hlo.split_k_sums(GPU_HLO) == [{'parts': 8, 'transposed': False},
