@@ -7,23 +7,32 @@ import math
 import re
 
 _COMPUTATION = re.compile(r'^%?(\S+) .*\{$')
-_INSTRUCTION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(')
+# name, shape, opcode, operands
+_OPERATION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\(([^)]*)\)')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def _operations(hlo: str) -> dict[str, list[tuple[str, str, str, list[str], str]]]:
+  """{computation: [(name, shape, opcode, operand names, line)]} of an HLO module's text; the
+  entry computation is 'ENTRY'."""
+  bodies, current = {}, None
+  for line in hlo.splitlines():
+    if not line.startswith(' ') and (match := _COMPUTATION.match(line)):
+      current = bodies.setdefault(match.group(1), [])
+    elif current is not None and (match := _OPERATION.match(line)):
+      name, shape, opcode, operands = match.groups()
+      current.append((name, shape, opcode, re.findall(r'%([\w.\-]+)', operands), line))
+  return bodies
 
 
 def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
   """{instruction name: (class, jax op name)} for the instructions of an optimized HLO module."""
-  bodies, current = collections.defaultdict(list), None
-  for line in hlo.splitlines():
-    if (match := _COMPUTATION.match(line)) and not line.startswith(' '):
-      current = match.group(1)
-    elif current and (match := _INSTRUCTION.match(line)):
-      bodies[current].append((match.group(1), match.group(2), line))
+  bodies = _operations(hlo)
 
   def lines(computation: str, seen=()) -> list[tuple[str, str]]:
     """(opcode, line) of a computation's instructions and of those of the computations it calls."""
     found = []
-    for _, opcode, line in bodies.get(computation, ()):
+    for _, _, opcode, _, line in bodies.get(computation, ()):
       found.append((opcode, line))
       for callee in re.findall(r'(?:calls|to_apply|body|condition)=%?([\w.\-]+)', line):
         if callee not in seen:
@@ -31,8 +40,8 @@ def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
     return found
 
   classes = {}
-  for computation, instructions in bodies.items():
-    for name, opcode, line in instructions:
+  for instructions in bodies.values():
+    for name, _, opcode, _, line in instructions:
       called = re.findall(r'calls=%?([\w.\-]+)', line)
       body = [pair for c in called for pair in lines(c)] or [(opcode, line)]
       inside = {op for op, _ in body}
@@ -78,8 +87,6 @@ def kernels_by_class(hlo: str) -> dict[str, int]:
 _BYTES_PER_ELEMENT = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2,
                       'f32': 4, 's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
 _ARRAY = re.compile(r'\b([a-z]+\d*)\[([\d,]*)\]')
-# name, shape (a tuple's in brackets), opcode, operands
-_OPERATION = re.compile(r'^\s+(?:ROOT )?%([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(([^)]*)\)')
 
 
 def shape_bytes(shape: str) -> int:
@@ -88,18 +95,6 @@ def shape_bytes(shape: str) -> int:
   for dtype, dims in _ARRAY.findall(shape):
     total += _BYTES_PER_ELEMENT.get(dtype, 0) * math.prod(int(d) for d in dims.split(',') if d)
   return total
-
-
-def _operations(hlo: str) -> dict[str, list[tuple[str, str, str, list[str], str]]]:
-  """{computation: [(name, shape, opcode, operand names, line)]} of an HLO module's text."""
-  bodies, current = {}, None
-  for line in hlo.splitlines():
-    if not line.startswith(' ') and (match := _COMPUTATION.match(line)):
-      current = bodies.setdefault(match.group(1), [])
-    elif current is not None and (match := _OPERATION.match(line)):
-      name, shape, opcode, operands = match.groups()
-      current.append((name, shape, opcode, re.findall(r'%([\w.\-]+)', operands), line))
-  return bodies
 
 
 def _bytes_read(body, index: int, whole: int) -> int:
