@@ -10,10 +10,10 @@ deviceless compilation), so what XLA would launch on an H100 can be read anywher
 examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py), the
 bytes that those which are not matmuls move (bound by bandwidth: the H100 moved them at 71% of
 its 3.35 TB/s, docs/speed.md), and the split-K matmuls whose partial sums XLA adds in a kernel
-that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed.md). Without a GPU XLA cannot autotune, so
-matmuls get its default tilings and the plan approximates the one an H100 compiles; times come
-only from a GPU (benchmarks/profile_step.py). The config's by-backend choices are the GPU's.
-Writes benchmarks/results/<name>.{json,md}.
+that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed.md). Without a
+GPU XLA cannot autotune, so matmuls get its default tilings and the plan approximates the one an
+H100 compiles; times come only from a GPU (benchmarks/profile_step.py). The config's by-backend
+choices are the GPU's. Writes benchmarks/results/<name>.{json,md}.
 """
 
 import os

@@ -62,17 +62,7 @@ def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
   return classes
 
 
-_KERNEL = re.compile(r'^\s+(?:ROOT )?%([\w.\-]+) = .*? (fusion|custom-call)\(', re.M)
-# A split-K matmul's partial products: a Triton fusion's output, or a cuBLAS call's first.
-_SPLIT_K = re.compile(r'^\s+%([\w.\-]+) = f32\[(\d+),\d+,\d+\]\{2,1,0\} '
-                      r'(?:fusion\([^\n]*kind=kCustom|get-tuple-element\(%custom-call)', re.M)
-_FUSION = re.compile(r'^\s+(?:ROOT )?%[\w.\-]+ = .*? fusion\(([^)]*)\)[^\n]*calls=%([\w.\-]+)',
-                     re.M)
 _SUM_OF_PARTS = re.compile(r'= f32\[\d+,\d+\]\{(\d,\d)\} reduce\([^\n]*dimensions=\{0\}')
-
-
-def _entry(hlo: str) -> str:
-  return hlo[hlo.index('\nENTRY'):]
 
 
 def kernels_by_class(hlo: str) -> dict[str, int]:
@@ -80,7 +70,8 @@ def kernels_by_class(hlo: str) -> dict[str, int]:
   fusions and library calls), counted by their `hlo_classes`."""
   classes = hlo_classes(hlo)
   counts = collections.Counter(classes.get(name, ('other',))[0]
-                               for name, _ in _KERNEL.findall(_entry(hlo)))
+                               for name, _, opcode, _, _ in _operations(hlo).get('ENTRY', [])
+                               if opcode in ('fusion', 'custom-call'))
   return dict(sorted(counts.items()))
 
 
@@ -140,13 +131,23 @@ def split_k_sums(hlo: str) -> list[dict]:
   """The sums of split-K matmuls' partial products, f32[parts, m, n], in an optimized GPU HLO
   module: per sum, the parts and whether it writes them transposed ({0,1} where the matmul
   wrote {2,1,0}), a sum that reads across rows."""
-  entry = _entry(hlo)
-  matmuls = dict(_SPLIT_K.findall(entry))
+  bodies = _operations(hlo)
+  entry = bodies.get('ENTRY', [])
+  opcodes = {name: opcode for name, _, opcode, _, _ in entry}
+  matmuls = {}  # partial products: a Triton fusion's output, or a cuBLAS call's first
+  for name, shape, opcode, operands, line in entry:
+    parts = re.match(r'f32\[(\d+),\d+,\d+\]\{2,1,0\}$', shape)
+    if parts and (opcode == 'fusion' and 'kind=kCustom' in line or
+                  opcode == 'get-tuple-element' and opcodes.get(operands[0]) == 'custom-call'):
+      matmuls[name] = int(parts.group(1))
   sums = []
-  for operands, computation in _FUSION.findall(entry):
-    parts = [matmuls[m] for m in re.findall(r'%([\w.\-]+)', operands) if m in matmuls]
-    body = re.search(r'^%' + re.escape(computation) + r' .*?^\}', hlo, re.M | re.S)
-    reduction = body and _SUM_OF_PARTS.search(body.group(0))
-    if parts and reduction:
-      sums.append({'parts': int(parts[0]), 'transposed': reduction.group(1) == '0,1'})
+  for name, _, opcode, operands, line in entry:
+    called = re.search(r'calls=%([\w.\-]+)', line)
+    parts = [matmuls[operand] for operand in operands if operand in matmuls]
+    if opcode != 'fusion' or not called or not parts:
+      continue
+    for *_, body_line in bodies.get(called.group(1), []):
+      if reduction := _SUM_OF_PARTS.search(body_line):
+        sums.append({'parts': parts[0], 'transposed': reduction.group(1) == '0,1'})
+        break
   return sums

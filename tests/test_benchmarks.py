@@ -303,7 +303,8 @@ def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
   config = workload.load_config(
       "xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger' "
       'attention_projection=heads model.num_heads=4', size='base')
-  assert config.xla_flags == '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'
+  assert config.xla_flags == ('--xla_gpu_enable_triton_gemm=false '
+                              '--xla_disable_hlo_passes=dot-merger')
   assert config.attention_projection == 'heads' and config.model.num_heads == 4
   with pytest.raises(SystemExit, match='model.num_head'):
     workload.load_config('model.num_head=4')
