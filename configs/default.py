@@ -4,8 +4,8 @@ r"""Transformer base, WMT14 English->German: the paper's recipe (Vaswani et al. 
   python train.py --config=configs/default.py --workdir=runs/base_ende
 
 The paper: 27.3 BLEU on newstest2014 (`bleu_paper` in eval.py: tokenized, compound-split BLEU).
-Not run here yet; projected from the measured step time (0.034 s on one H100,
-`bash benchmarks/gpu_speed.sh ... base_train`), 100k steps take about 57 minutes there.
+Not run here yet; projected from the measured step time (0.029 s on one H100,
+`bash benchmarks/gpu_speed.sh ... base_train`), 100k steps take about 48 minutes there.
 Every number below is the paper's unless its comment says otherwise.
 """
 
@@ -121,9 +121,11 @@ def get_config():
   config.compilation_cache_dir = ''
   # XLA flags for this run (space-separated '--xla_...=value'), added to the XLA_FLAGS environment
   # variable when train.py or eval.py starts; a flag XLA_FLAGS already names keeps its value.
-  # On a GPU, cuBLAS for every matmul instead of XLA's Triton matmuls: on an H100 this config's
-  # step ran 0.031 s against 0.0345 s (Multi30k text, ~25k tokens per side), the base-size step
-  # 27.2 ms against 28.4 ms, and the Multi30k recipe compiled faster at the same step speed
-  # (docs/speed.md). A GPU-only flag.
-  config.xla_flags = '--xla_gpu_enable_triton_gemm=false'
+  # On a GPU: cuBLAS for every matmul instead of XLA's Triton matmuls, and matmuls that share an
+  # input left apart (XLA's dot merger joins the attention's query, key and value projections, which
+  # cuDNN's attention then needs copied apart, and their gradients concatenated back). On an H100
+  # (docs/speed.md) this config's step ran 0.0345 s with XLA's defaults, 0.031 s without Triton's
+  # matmuls and 0.029 s without the merger too (Multi30k text, ~25k tokens per side); the base-size
+  # step 28.4 -> 27.2 ms, then 28.3 -> 27.5 ms. GPU flags: a CPU's compiler has no dot merger.
+  config.xla_flags = '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'
   return config
