@@ -5,18 +5,20 @@
 #
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
-# base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off) and, as
-# variants, without XLA's merging of matmuls that share an input (the attention's query, key and
-# value projections, the cross-attention's keys and values of every layer), with XLA's defaults,
-# and with the attention's projections over the head axes, as on a CPU),
+# base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off, XLA's
+# merging of matmuls that share an input off) and, as variants, with the merging on, and with
+# XLA's defaults),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
 # multi30k_warm (the recipe's train.py again, from the cache the multi30k stage filled, and what
 # comes before its first log line: imports, the look for a cluster, the backend's start),
 # multi30k_one_checkpoint (as multi30k_warm, but only the last step is checkpointed: what the 26
-# checkpoints cost the loop), multi30k_switch (as multi30k_warm, with Python's thread switch
-# interval at 0.5 ms: whether the checkpoint saver's hold on the GIL slows the loop),
+# checkpoints cost the loop), multi30k_switch5ms (as multi30k_warm, with Python's thread switch
+# interval at its default 5 ms instead of train.py's 0.5 ms: what the checkpoint saver's turns on
+# the interpreter cost the loop), imports (train.py's imports module by module, `python -X
+# importtime`, in OUT/results/importtime.txt, and whether the installed packages' compiled
+# bytecode is there to be read),
 # multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy on the PATH: which thread
 # holds the GIL, then every thread's Python and native frames; speedscope files in OUT/results),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
@@ -26,8 +28,8 @@
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
-# vs_flax_multi30k (as configured, Triton's matmuls off, and as a variant with XLA's defaults; the
-# vs_flax stages time 1 and 5 steps per wait). Logs and results go to
+# vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
+# and with XLA's defaults; the vs_flax stages time 1 and 5 steps per wait). Logs and results go to
 # OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
 # Workdirs and the cache stay in /tmp/gpu_speed for later stages. Where the machine sends back only
 # a few files, give an OUT outside the returned folder and pack it into one archive there.
@@ -77,8 +79,7 @@ for stage in "$@"; do
     vs_flax_base)
       run vs_flax_base 360 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 \
-        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
-        --variant=xla_flags= --variant=attention_projection=heads \
+        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false --variant=xla_flags= \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
@@ -88,13 +89,21 @@ for stage in "$@"; do
       start_up warm 240 "$cache" --parts ;;
     multi30k_one_checkpoint)
       start_up one_checkpoint 240 "$cache" checkpoint_every_steps=0 average_last=1 ;;
-    multi30k_switch)
-      # The warm recipe with Python's thread switch interval at 0.5 ms instead of 5: if the
-      # checkpoints' saver thread holds the GIL while the loop waits to dispatch, their 50-step
-      # intervals shrink here.
-      run multi30k_switch 240 python3 -c 'import runpy, sys; sys.setswitchinterval(5e-4)
+    multi30k_switch5ms)
+      # The warm recipe with Python's default switch interval, which train.py would lower: the
+      # 50-step intervals after each checkpoint against multi30k_warm's.
+      run multi30k_switch5ms 240 python3 -c 'import runpy, sys; sys.setswitchinterval(5e-3)
+sys.setswitchinterval = lambda interval: None
 sys.argv = ["train.py", *sys.argv[1:]]; runpy.run_path("train.py", run_name="__main__")' \
-        "${recipe[@]:2}" --workdir="$work/recipe_switch" ;;
+        "${recipe[@]:2}" --workdir="$work/recipe_switch5ms" ;;
+    imports)
+      run imports 60 bash -c 'python3 -X importtime -c "import train" 2>"$0"' \
+        "$out/results/importtime.txt"
+      run imports_bytecode 30 python3 -c 'import importlib.util, os
+for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", "transformer"):
+  source = importlib.util.find_spec(name).origin
+  print(name, source, "compiled:", os.path.exists(importlib.util.cache_from_source(source)),
+        "writable:", os.access(os.path.dirname(source), os.W_OK))' ;;
     multi30k_pyspy)
       for mode in gil native; do
         # Native frames need the process paused at each sample: fewer samples.
@@ -128,6 +137,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
     vs_flax_multi30k)
       run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 \
         --steps_per_call=1,5 --repeats=10 --variant=xla_flags= \
+        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_multi30k_gpu ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
@@ -141,6 +151,8 @@ for f in "$out"/results/*metrics.jsonl; do
   echo "== $f"; grep -v '"split"' "$f" | tail -n 3 | cut -c1-700
 done
 grep -h 'matmul peak' "$out"/base_train_peak.log 2>/dev/null
+cat "$out"/imports_bytecode.log 2>/dev/null
+sort -t'|' -k2 -n "$out"/results/importtime.txt 2>/dev/null | tail -n 15  # the slowest, cumulative
 grep -H -E 'compil|vocabulary trained|BLEU at step|step (50|2600)/' "$out"/multi30k_train_*.log |
   cut -c1-220
 exit 0
