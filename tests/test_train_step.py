@@ -153,3 +153,19 @@ def test_a_non_finite_gradient_leaves_the_state_unchanged():
   assert float(metrics['finite'][0]) == 0.0
   assert _max_difference(state.params, new_state.params) == 0.0
   assert int(new_state.step[0]) == 0
+
+
+def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
+  """The step takes the norm of all gradients as one vector, divided by the token count after:
+  optax's norm of the per-token gradients, array by array, to float32 rounding."""
+  config, model_config, state, batch = _setup()
+  steps = train_step.StepFunctions(config, model_config)
+  state = jax_utils.replicate(state, jax.local_devices()[:1])
+  grads, sums = jax.pmap(steps.gradients, train_step.AXIS, devices=jax.local_devices()[:1])(
+      state, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
+  _, metrics = jax.pmap(steps.apply_gradients, train_step.AXIS,
+                        devices=jax.local_devices()[:1])(state, grads, sums)
+  per_token = jax.tree_util.tree_map(lambda g: g[0] / float(sums['tokens'][0]), grads)
+  assert float(sums['tokens'][0]) == 53
+  np.testing.assert_allclose(metrics['grad_norm'][0], optax.tree.norm(per_token), rtol=1e-6)
+  assert float(metrics['grad_norm'][0]) > 0.1
