@@ -6,6 +6,7 @@ import math
 import pytest
 import sacrebleu
 
+from conftest import run_script
 from transformer import bleu
 
 HYPOTHESES = [
@@ -94,3 +95,13 @@ def test_paper_variant_names_what_was_done():
       'double quotes made ", replace-unicode-punctuation.perl, tokenizer.perl, ##AT## compound '
       'split (hypotheses and references), multi-bleu.perl')
   assert '##AT##' not in bleu.paper_variant(False)
+
+
+def test_train_py_starts_without_importing_sacremoses():
+  """sacremoses compiles its regular expressions on import (0.2 s): train.py's start leaves it to
+  the first paper BLEU."""
+  result = run_script('-c', 'import sys, train; print(sorted(m for m in sys.modules '
+                            'if m.split(".")[0] in ("sacremoses", "transformer")))')
+  assert result.returncode == 0, result.stderr
+  loaded = result.stdout.split('\n')[-2]
+  assert 'transformer.bleu' in loaded and 'sacremoses' not in loaded, loaded
