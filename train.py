@@ -48,13 +48,15 @@ def main(argv):
   # The libraries' objects live as long as the run: full collections, which pause every thread
   # (the steps' dispatch too), then skip them.
   gc.freeze()
-  # The threads beside the loop (checkpoint saves, the evaluation programs' compilation) hand the
-  # interpreter back after 0.5 ms instead of 5: on a GPU the loop dispatches a step every few ms,
-  # and waited out the saver's turns (docs/speed.md).
-  sys.setswitchinterval(5e-4)
   try:
     config_lib.use_xla_flags(config_lib.validate(_CONFIG.value))  # before JAX starts its backend
     initialize_distributed()
+    if jax.default_backend() == 'gpu':
+      # The threads beside the loop (checkpoint saves, the evaluation programs' compilation) hand
+      # the interpreter back after 0.5 ms instead of 5: the loop dispatches a step every few ms
+      # and waited out the saver's turns (docs/speed.md). Not on a CPU, where it bought nothing
+      # and slowed the threads' own work when the cores were busy.
+      sys.setswitchinterval(5e-4)
     trainer.train(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
           trainer.TrainingError) as error:
