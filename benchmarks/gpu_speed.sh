@@ -18,7 +18,9 @@
 # interval at its default 5 ms instead of train.py's 0.5 ms: what the checkpoint saver's turns on
 # the interpreter cost the loop), imports (train.py's imports module by module, `python -X
 # importtime`, in OUT/results/importtime.txt, and whether the installed packages' compiled
-# bytecode is there to be read),
+# bytecode is there to be read), bytecode_cache (the stages after it keep the bytecode that
+# Python compiles in a cache of their own, PYTHONPYCACHEPREFIX, filled by one import of train.py,
+# as an installation compiles it once; imports after it writes importtime_bytecode_cache.txt),
 # multi30k_pyspy (multi30k_warm twice under py-spy, $PY_SPY or py-spy on the PATH: which thread
 # holds the GIL, then every thread's Python and native frames; speedscope files in OUT/results),
 # multi30k_triton (the recipe's train.py from another empty cache with XLA's Triton matmuls,
@@ -98,12 +100,21 @@ sys.argv = ["train.py", *sys.argv[1:]]; runpy.run_path("train.py", run_name="__m
         "${recipe[@]:2}" --workdir="$work/recipe_switch5ms" ;;
     imports)
       run imports 60 bash -c 'python3 -X importtime -c "import train" 2>"$0"' \
-        "$out/results/importtime.txt"
-      run imports_bytecode 30 python3 -c 'import importlib.util, os
+        "$out/results/importtime${PYTHONPYCACHEPREFIX:+_bytecode_cache}.txt"
+      run imports_bytecode 30 python3 -c 'import importlib.util, os, sys
+print("bytecode written:", not sys.flags.dont_write_bytecode, "cache:", sys.pycache_prefix)
 for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", "transformer"):
   source = importlib.util.find_spec(name).origin
   print(name, source, "compiled:", os.path.exists(importlib.util.cache_from_source(source)),
         "writable:", os.access(os.path.dirname(source), os.W_OK))' ;;
+    bytecode_cache)
+      # An installation compiles its packages' bytecode once; where the image's packages have none
+      # and their folders cannot take it, or PYTHONDONTWRITEBYTECODE is set, Python compiles them
+      # at every start. From here on, bytecode goes to a cache of its own, filled by one import of
+      # train.py.
+      unset PYTHONDONTWRITEBYTECODE
+      export PYTHONPYCACHEPREFIX=$work/pycache
+      run bytecode_cache 120 python3 -c 'import train' ;;
     multi30k_pyspy)
       for mode in gil native; do
         # Native frames need the process paused at each sample: fewer samples.
@@ -152,7 +163,9 @@ for f in "$out"/results/*metrics.jsonl; do
 done
 grep -h 'matmul peak' "$out"/base_train_peak.log 2>/dev/null
 cat "$out"/imports_bytecode.log 2>/dev/null
-sort -t'|' -k2 -n "$out"/results/importtime.txt 2>/dev/null | tail -n 15  # the slowest, cumulative
+for f in "$out"/results/importtime*.txt; do  # the slowest imports, cumulative
+  [[ -f $f ]] && { echo "== $f"; sort -t'|' -k2 -n "$f" | tail -n 15; }
+done
 grep -H -E 'compil|vocabulary trained|BLEU at step|step (50|2600)/' "$out"/multi30k_train_*.log |
   cut -c1-220
 exit 0
