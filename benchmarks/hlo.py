@@ -10,6 +10,7 @@ _COMPUTATION = re.compile(r'^%?(\S+) .*\{$')
 # name, shape, opcode, operands
 _OPERATION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\(([^)]*)\)')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_CALLS = re.compile(r'calls=%?([\w.\-]+)')  # the computation a fusion or call runs
 
 
 def _operations(hlo: str) -> dict[str, list[tuple[str, str, str, list[str], str]]]:
@@ -42,7 +43,7 @@ def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
   classes = {}
   for instructions in bodies.values():
     for name, _, opcode, _, line in instructions:
-      called = re.findall(r'calls=%?([\w.\-]+)', line)
+      called = _CALLS.findall(line)
       body = [pair for c in called for pair in lines(c)] or [(opcode, line)]
       inside = {op for op, _ in body}
       computed = inside - {'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast'}
@@ -88,6 +89,12 @@ def shape_bytes(shape: str) -> int:
   return total
 
 
+def _fused(bodies, opcode: str, line: str) -> list | None:
+  """The operations of the computation an entry operation fuses, or None if it is no fusion."""
+  called = _CALLS.search(line)
+  return bodies.get(called.group(1), []) if opcode == 'fusion' and called else None
+
+
 def _bytes_read(body, index: int, whole: int) -> int:
   """What a fused computation reads of its parameter `index`: the slices it takes, where it
   only slices it (through bitcasts), else all of it."""
@@ -118,11 +125,11 @@ def kernel_bytes(hlo: str) -> dict[str, int]:
   classes = hlo_classes(hlo)
   moved = collections.Counter()
   for name, shape, opcode, operands, line in bodies.get('ENTRY', []):
-    called = re.search(r'calls=%([\w.\-]+)', line)
-    if opcode != 'fusion' or not called or classes.get(name, ('other',))[0] == 'matmul':
+    body = _fused(bodies, opcode, line)
+    if body is None or classes.get(name, ('other',))[0] == 'matmul':
       continue
     moved[classes[name][0]] += shape_bytes(shape) + sum(
-        _bytes_read(bodies.get(called.group(1), []), index, shape_bytes(shapes.get(operand, '')))
+        _bytes_read(body, index, shape_bytes(shapes.get(operand, '')))
         for index, operand in enumerate(operands))
   return dict(sorted(moved.items()))
 
@@ -142,11 +149,11 @@ def split_k_sums(hlo: str) -> list[dict]:
       matmuls[name] = int(parts.group(1))
   sums = []
   for name, _, opcode, operands, line in entry:
-    called = re.search(r'calls=%([\w.\-]+)', line)
+    body = _fused(bodies, opcode, line)
     parts = [matmuls[operand] for operand in operands if operand in matmuls]
-    if opcode != 'fusion' or not called or not parts:
+    if body is None or not parts:
       continue
-    for *_, body_line in bodies.get(called.group(1), []):
+    for *_, body_line in body:
       if reduction := _SUM_OF_PARTS.search(body_line):
         sums.append({'parts': parts[0], 'transposed': reduction.group(1) == '0,1'})
         break
