@@ -1,6 +1,6 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
 results table, the step-cost comparison's configs, rounds and ratios, a variant's own XLA options,
-the generated WMT-sized corpus, the start-up milestones."""
+the generated WMT-sized corpus, the start-up milestones, a checkpoint's cost to the loop."""
 
 import gzip
 import importlib.util
@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 
 import jax
@@ -15,10 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale, workload
+from benchmarks import checkpoint_cost, hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale, workload
 from benchmarks.measure import round_robin
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
+from transformer import config as config_lib
+from transformer import train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -376,3 +379,35 @@ def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint
   assert parts['imports'] > 0.2 and all(secs >= 0 for secs in parts.values())
   table = (tmp_path / 'start_up.md').read_text()
   assert '| tiny |' in table and ' + '.join(map(str, parts.values())) in table
+
+
+def test_a_save_costs_the_loop_the_time_it_holds_the_interpreter(monkeypatch):
+  held = 0.02
+
+  class Holding:  # saves in the loop's thread, holding it for `held` seconds
+    def __init__(self, directory, keep):
+      del directory, keep
+
+    def save(self, step, state, meta):
+      began = time.perf_counter()
+      while time.perf_counter() - began < held:
+        pass
+
+    wait = close = lambda self: None
+
+  secs = checkpoint_cost.loop_secs_per_save(types.SimpleNamespace(Checkpoints=Holding), {}, 4)
+  assert held * 0.8 < secs < held * 2
+
+
+def test_checkpoint_cost_times_this_checkout_beside_a_commits_checkpoints(tmp_path):
+  subprocess.run([sys.executable, '-m', 'benchmarks.checkpoint_cost', '--config=configs/tiny.py',
+                  '--baseline=HEAD', '--rounds=1', '--saves=1', f'--output={tmp_path}',
+                  '--label=tiny'], cwd=ROOT, check=True, capture_output=True)
+  with open(tmp_path / 'checkpoint_cost.json') as f:
+    row = json.load(f)['tiny']
+  state = train_step.initial_state(tiny.get_config(), config_lib.model_config(tiny.get_config()))
+  assert row['arrays'] == len(jax.tree_util.tree_leaves((state.params, state.opt_state)))
+  assert list(row['sides']) == ['this checkout', 'HEAD']
+  for side in row['sides'].values():
+    assert side['secs_per_save'] > 0 and len(side['loop_secs_per_save_rounds']) == 1
+  assert (tmp_path / 'checkpoint_cost.md').read_text().count('| tiny |') == 2

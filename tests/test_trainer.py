@@ -17,6 +17,7 @@ import time
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import jax_utils
 from tensorboardX.proto import event_pb2
@@ -343,6 +344,60 @@ def test_checkpoints_save_on_a_thread_and_a_failed_save_raises_at_the_next_wait(
   with pytest.raises(ZeroDivisionError):
     checkpoints.wait()
   checkpoints.close()
+
+
+def _mixed_state():
+  """A state tree with arrays of two dtypes and a scalar, as Adam's count."""
+  return {'params': {'b': np.arange(3, dtype=np.float32), 'w': np.full((2, 4), 0.5, np.float32)},
+          'opt_state': (np.int32(7), {'mu': np.linspace(-1, 1, 5, dtype=np.float32)})}
+
+
+def test_a_checkpoint_holds_one_vector_per_dtype_and_restores_the_tree(tmp_path):
+  state = _mixed_state()
+  checkpoints = Checkpoints(str(tmp_path))
+  checkpoints.save(3, state, {'step': 3})
+  checkpoints.wait()
+  stored = ocp.StandardCheckpointer().metadata(os.path.join(str(tmp_path), 'checkpoints', '3',
+                                                            'state')).item_metadata.tree
+  assert {name: (m.shape, m.dtype) for name, m in stored.items()} == {
+      'float32': ((16,), np.float32), 'int32': ((1,), np.int32)}
+  tree, meta = checkpoints.restore(3, jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state))
+  checkpoints.close()
+  assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(state)
+  for restored, saved in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(state)):
+    assert restored.dtype == saved.dtype
+    np.testing.assert_array_equal(restored, saved)
+  assert meta == {'step': 3}
+
+
+def test_checkpoints_of_one_array_per_leaf_are_still_restored(tmp_path):
+  """The layout written before vectors per dtype: Orbax's tree of the state as it is."""
+  state = _mixed_state()
+  checkpoints = Checkpoints(str(tmp_path))
+  checkpoints.manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave({'step': 5})))
+  checkpoints.manager.wait_until_finished()
+  tree, meta = checkpoints.restore(5, state)
+  checkpoints.close()
+  for restored, saved in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(state)):
+    np.testing.assert_array_equal(restored, saved)
+  assert meta == {'step': 5}
+
+
+def test_a_checkpoint_of_other_arrays_is_refused_naming_the_first_difference(tmp_path):
+  state = _mixed_state()
+  checkpoints = Checkpoints(str(tmp_path))
+  checkpoints.save(3, state, {'step': 3})
+  other = dict(state, params=dict(state['params'], w=np.zeros((4, 2), np.float32)))
+  with pytest.raises(CheckpointError) as error:
+    checkpoints.restore(3, other)
+  checkpoints.close()
+  assert str(error.value) == (
+      f"{os.path.join(str(tmp_path), 'checkpoints', '3')} holds other arrays than this config's "
+      "state (4 against 4; the first difference: ['params']['w'] [2, 4] float32 where "
+      "['params']['w'] [4, 2] float32 is expected): it was written by another model, or by other "
+      'versions of flax or optax; restore it with the config and versions that wrote it')
 
 
 def _free_port() -> int:
