@@ -3,8 +3,8 @@
 Each checkpoint holds `state`, the parameters' and optimizer state's arrays concatenated into one
 vector per dtype; `layout` (JSON), each array's path, shape and dtype in that order; and `meta`
 (JSON: step, data position and the device count the data was sharded over). Orbax's time and its
-hold on the interpreter grow with the number of arrays saved: a loop of Python steps lost 74 ms
-per save of the Multi30k recipe's 185 arrays, and 25 ms with them in two vectors
+hold on the interpreter grow with the number of arrays saved: a loop of Python steps lost 53-110 ms
+per save of the Multi30k recipe's 185 arrays, and 7-27 ms with them in two vectors
 (`python -m benchmarks.checkpoint_cost`, 2 CPU cores).
 Checkpoints of one array per leaf, written before, are read too. Every process calls save and
 restore: Orbax coordinates the writes.
