@@ -6,8 +6,7 @@
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off, XLA's
-# merging of matmuls that share an input off) and, as variants, with the merging on, and with
-# XLA's defaults),
+# merging of matmuls that share an input off) and, as a variant, with the merging on),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -27,6 +26,8 @@
 # which configs/default.py turns off: what they cost in compilation and give in speed),
 # multi30k_autotune0 (Triton's matmuls off, as configured, and XLA's autotuning off too:
 # cuBLAS's own choice of kernels),
+# checkpoint_cost (what a save of the recipe's state costs a loop of Python steps on this host,
+# the checkpoints of this checkout against those of 01db0da, one array per leaf),
 # base_train (train.py with configs/default.py on Multi30k text), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
@@ -81,7 +82,7 @@ for stage in "$@"; do
     vs_flax_base)
       run vs_flax_base 360 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 \
-        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false --variant=xla_flags= \
+        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
@@ -128,6 +129,9 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
     multi30k_autotune0)
       start_up autotune0 120 "$work/jax_cache_autotune0" \
         "xla_flags=--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" ;;
+    checkpoint_cost)
+      run checkpoint_cost 90 python3 -m benchmarks.checkpoint_cost --baseline=01db0da --rounds=3 \
+        --saves=5 --output="$out/results" --label="GPU host" ;;
     base_train)
       run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
