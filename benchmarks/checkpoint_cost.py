@@ -60,18 +60,18 @@ def module_at(rev: str):
   return module
 
 
-def loop_secs_per_save(module, state, saves: int) -> float:
+def loop_secs_per_save(module, state, saves: int, steps_per_save: int = STEPS_PER_SAVE) -> float:
   """Seconds the loop loses per save, against the same steps without saves just before."""
   store = module.Checkpoints(tempfile.mkdtemp(), keep=10)
   store.save(0, state, {'step': 0})  # Orbax's first save sets up what later ones reuse
   store.wait()
   began = time.perf_counter()
-  steps(saves * STEPS_PER_SAVE)
+  steps(saves * steps_per_save)
   alone = time.perf_counter() - began
   began = time.perf_counter()
   for save in range(1, saves + 1):
-    steps(STEPS_PER_SAVE)
-    store.save(save * STEPS_PER_SAVE, state, {'step': save})
+    steps(steps_per_save)
+    store.save(save * steps_per_save, state, {'step': save})
   looped = time.perf_counter() - began
   store.close()
   return (looped - alone) / saves
