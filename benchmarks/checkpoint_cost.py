@@ -1,4 +1,4 @@
-r"""What a checkpoint save costs a training loop whose steps are dispatched from Python, as on a GPU.
+r"""What a checkpoint save costs a training loop dispatching its steps from Python, as on a GPU.
 
   python -m benchmarks.checkpoint_cost [--config=configs/multi30k.py] [--baseline=REV]
       [--rounds=3] [--saves=10] [--label=NAME]
@@ -122,15 +122,15 @@ def main(argv):
              'the same steps without saves, and a save\'s own milliseconds (call and wait, '
              'nothing beside it). Medians of the rounds, [lowest, highest]; the sides of a row '
              'alternate in one process.', '',
-             '| label | commit | config | state | Checkpoints of | loop ms per save | save ms | machine |',
-             '| --- | --- | --- | --- | --- | --- | --- | --- |']
+             '| label | commit | config | state | Checkpoints of | loop ms per save | save ms '
+             '| machine |', '| --- | --- | --- | --- | --- | --- | --- | --- |']
     for label, r in rows.items():
       for side, m in r['sides'].items():
         span = lambda key: (f"{m[key] * 1e3:.0f} [{min(m[key + '_rounds']) * 1e3:.0f}, "
                             f"{max(m[key + '_rounds']) * 1e3:.0f}]")
-        lines.append(f"| {label} | {r['commit']} | {r['config']} | {r['arrays']} arrays, {r['megabytes']:.0f} MB "
-                     f"| {side} | {span('loop_secs_per_save')} | {span('secs_per_save')} | "
-                     f"{machine_name(r['machine'])} |")
+        lines.append(f"| {label} | {r['commit']} | {r['config']} | {r['arrays']} arrays, "
+                     f"{r['megabytes']:.0f} MB | {side} | {span('loop_secs_per_save')} | "
+                     f"{span('secs_per_save')} | {machine_name(r['machine'])} |")
     return '\n'.join(lines) + '\n'
 
   add_row(FLAGS.output, 'checkpoint_cost', FLAGS.label, row, markdown)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import checkpoint_cost, hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale, workload
+from benchmarks import (checkpoint_cost, hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale,
+                        workload)
 from benchmarks.measure import round_robin
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
