@@ -91,7 +91,8 @@ class Ours:
     modules.config.validate(self.config)
     self.model_config = modules.config.model_config(self.config)
     self.steps = train_step.StepFunctions(self.config, self.model_config)
-    self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config))
+    self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config),
+                                     axis_name=train_step.AXIS)  # as train.py's
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.compiler_options = compiler_options(self.config)
     self._compiled = {}  # batch shapes -> the compiled train step

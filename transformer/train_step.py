@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+from flax import jax_utils
 from flax.training import train_state
 
 from transformer import config as config_lib
@@ -26,10 +27,17 @@ def _global_norm(tree):
   return jnp.linalg.norm(jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(tree)]))
 
 
+def replicate(tree):
+  """`tree` copied to every local device, sharded over a mesh axis named AXIS as the pmapped steps'
+  outputs are. With flax's default axis name the first step's inputs are sharded otherwise than
+  the next step's, and the step is traced and compiled twice."""
+  return jax_utils.replicate(tree, axis_name=AXIS)
+
+
 def initial_state(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> TrainState:
   """Parameters initialised from config.seed, and the optimizer's state, in the host's memory.
 
-  Made on the host's CPU (`jax_utils.replicate` copies it to the devices): a GPU spends seconds
+  Made on the host's CPU (`replicate` copies it to the devices): a GPU spends seconds
   compiling the initialisers, a CPU a fraction of that.
   """
   model = Transformer(model_config)

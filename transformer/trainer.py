@@ -18,7 +18,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
-from flax import jax_utils
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
@@ -343,7 +342,7 @@ def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator, stop):
   SIGTERM (`stop`) ends them, the checkpoints being written."""
   checkpoints.wait()
   params, steps = checkpoints.mean_params(config.average_last, state_shapes(config))
-  params = jax_utils.replicate(params)
+  params = train_step.replicate(params)
   for split in ('validation', 'test'):
     if not evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps,
                           stop=stop):
@@ -380,7 +379,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     state = state.replace(step=start_step, **restored)
   parameters_per_token = model.parameters_per_token(state.params)
   logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
-  state = jax_utils.replicate(state)
+  state = train_step.replicate(state)
 
   optimizer_step = _optimizer_step(steps, config.grad_accum_steps)
   writer = metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0)

@@ -9,10 +9,9 @@ import ml_collections
 import numpy as np
 import tqdm
 from absl import flags, logging
-from flax import jax_utils
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, compiled, data, decode, metrics
+from transformer import checkpoints, compiled, data, decode, metrics, train_step
 from transformer import config as config_lib
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
@@ -257,4 +256,4 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
   params, steps = checkpoints.load_params(workdir, config, average_last)
   translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
                           config.alpha if alpha is None else alpha)
-  return translator, jax_utils.replicate(params), config, steps
+  return translator, train_step.replicate(params), config, steps
