@@ -79,18 +79,14 @@ def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
   compile_program, lower = compiled.Programs._compile, compiled.Programs.lower
-  optimizer_step, compile_ahead = trainer._optimizer_step, trainer._Evaluator.compile_ahead
+  compile_ahead, train_step_fn = trainer._Evaluator.compile_ahead, train_step.StepFunctions.train_step
   steps_run = []
 
-  def counted_optimizer_step(*args):
-    step = optimizer_step(*args)
-
-    def counted(*a):
-      result = step(*a)
+  class CountedOptimizerStep(trainer._OptimizerStep):
+    def __call__(self, *args):
+      result = super().__call__(*args)
       steps_run.append(1)
       return result
-
-    return counted
 
   with pytest.MonkeyPatch.context() as patch:  # notes which thread compiled each program, when
     patch.setattr(compiled.Programs, '_compile', lambda programs, key, args: COMPILED_ON.append(
@@ -98,9 +94,12 @@ def full_run(tmp_path_factory):
         compile_program(programs, key, args))
     patch.setattr(compiled.Programs, 'lower', lambda programs, *args: LOWERED_AFTER.append(
         len(steps_run)) or lower(programs, *args))
-    patch.setattr(trainer, '_optimizer_step', counted_optimizer_step)
+    patch.setattr(trainer, '_OptimizerStep', CountedOptimizerStep)
     patch.setattr(trainer._Evaluator, 'compile_ahead', lambda *args: STEPS_BEFORE_COMPILE_AHEAD
-                  .append(len(steps_run)) or compile_ahead(*args))
+                  .append(len(steps_run)) or TRACES_BEFORE_COMPILE_AHEAD.append(
+                      len(TRAIN_STEP_TRACES)) or compile_ahead(*args))
+    patch.setattr(train_step.StepFunctions, 'train_step', lambda *args: TRAIN_STEP_TRACES.append(
+        threading.current_thread().name) or train_step_fn(*args))
     train_in_process(workdir)
   return workdir
 
@@ -108,6 +107,8 @@ def full_run(tmp_path_factory):
 COMPILED_ON = []  # full_run's (function, thread, training steps done) of each program compiled
 STEPS_BEFORE_COMPILE_AHEAD = []  # training steps done before compile_ahead, at each call
 LOWERED_AFTER = []  # training steps done at each lowering ahead
+TRAIN_STEP_TRACES = []  # the thread of each trace of the training step
+TRACES_BEFORE_COMPILE_AHEAD = []  # traces of the training step before compile_ahead, at each call
 
 
 def test_evaluation_programs_compile_on_a_thread_while_training_runs(full_run):
@@ -120,6 +121,12 @@ def test_evaluation_programs_compile_on_a_thread_while_training_runs(full_run):
       COMPILED_ON)
   beam_searches = [f for f, _, _ in COMPILED_ON if f == 'search']
   assert 1 <= len(beam_searches) <= 6  # decode shapes of two splits
+
+
+def test_the_training_step_is_traced_once_before_compile_ahead_starts(full_run):
+  """compile_ahead's thread traces the evaluation programs only once the training step is
+  traced: the two would share the interpreter, delaying the first step."""
+  assert TRACES_BEFORE_COMPILE_AHEAD == [1] and TRAIN_STEP_TRACES == ['MainThread']
 
 
 def test_training_writes_config_metrics_and_checkpoints_and_lowers_the_loss(full_run):
