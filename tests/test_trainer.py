@@ -331,6 +331,19 @@ def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, t
   assert 'resumed from step 50' in train_in_process(workdir, num_train_steps=60)
 
 
+def test_accumulating_gradients_traces_each_program_once(tmp_path, monkeypatch):
+  """The micro-batches' programs are lowered before the first update and not traced again: the
+  gradients' function twice, by its own program and inside the accumulating one."""
+  traces = []
+  for name in ('gradients', 'accumulate', 'apply_gradients'):
+    function = getattr(train_step.StepFunctions, name)
+    monkeypatch.setattr(train_step.StepFunctions, name, lambda *args, name=name, function=function:
+                        traces.append(name) or function(*args))
+  log = train_in_process(str(tmp_path), num_train_steps=4, grad_accum_steps=3, log_every_steps=2)
+  assert sorted(traces) == ['accumulate', 'apply_gradients', 'gradients', 'gradients']
+  assert re.search(r'step 4/4 \| loss \d', log)
+
+
 def test_checkpoints_save_on_a_thread_and_a_failed_save_raises_at_the_next_wait(tmp_path,
                                                                                monkeypatch):
   """`save` returns while Orbax still blocks (0.1-0.3 s a checkpoint), what follows sees the

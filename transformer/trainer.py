@@ -127,8 +127,7 @@ class _OptimizerStep:
     if len(self.micro_steps) == 1:
       self.p_train_step.lower(state, batch)
       return
-    accumulated = compiled.shapes_of(
-        self.p_gradients.lower(state, batch, self.micro_steps[0]).out_info)
+    accumulated = self.p_gradients.lower(state, batch, self.micro_steps[0]).out_info
     self.p_accumulate.lower(state, batch, self.micro_steps[1], accumulated)
     self.p_apply.lower(state, *accumulated)
 
