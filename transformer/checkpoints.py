@@ -46,10 +46,19 @@ def local_copy(tree):
   return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)
 
 
+_LAYOUTS = {}  # (tree structure, shapes and dtypes) -> its layout
+
+
 def layout(tree) -> list[list]:
-  """[path, shape, dtype] of each of `tree`'s arrays, in the order `pack` concatenates them."""
-  return [[jax.tree_util.keystr(path), list(x.shape), np.dtype(x.dtype).name]
-          for path, x in jax.tree_util.tree_leaves_with_path(tree)]
+  """[path, shape, dtype] of each of `tree`'s arrays, in the order `pack` concatenates them.
+  Made once per structure: naming the paths took 7 ms of the saver's hold on the interpreter at
+  every save of the Multi30k recipe's state."""
+  leaves, structure = jax.tree_util.tree_flatten(tree)
+  key = structure, tuple((tuple(x.shape), np.dtype(x.dtype).name) for x in leaves)
+  if key not in _LAYOUTS:
+    _LAYOUTS[key] = [[jax.tree_util.keystr(path), list(shape), dtype] for (path, _), (shape, dtype)
+                     in zip(jax.tree_util.tree_leaves_with_path(tree), key[1])]
+  return _LAYOUTS[key]
 
 
 def pack(tree) -> dict[str, np.ndarray]:
