@@ -91,8 +91,9 @@ class Ours:
     modules.config.validate(self.config)
     self.model_config = modules.config.model_config(self.config)
     self.steps = train_step.StepFunctions(self.config, self.model_config)
+    # train_step.replicate, spelled out: benchmarks.changes times commits from before it.
     self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config),
-                                     axis_name=train_step.AXIS)  # as train.py's
+                                     axis_name=train_step.AXIS)
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.compiler_options = compiler_options(self.config)
     self._compiled = {}  # batch shapes -> the compiled train step
