@@ -91,13 +91,17 @@ class Ours:
     modules.config.validate(self.config)
     self.model_config = modules.config.model_config(self.config)
     self.steps = train_step.StepFunctions(self.config, self.model_config)
-    # train_step.replicate, spelled out: benchmarks.changes times commits from before it.
-    self.state = jax_utils.replicate(train_step.initial_state(self.config, self.model_config),
-                                     axis_name=train_step.AXIS)
+    state = train_step.initial_state(self.config, self.model_config)
+    self.parameters = model.parameters_per_token(state.params)
+    # As train.py steps it; benchmarks.changes times commits from before the packed state and
+    # train_step.replicate, which are spelled out here.
+    self.packed = hasattr(train_step, 'pack_state')
+    if self.packed:
+      state = train_step.pack_state(state)
+    self.state = jax_utils.replicate(state, axis_name=train_step.AXIS)
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.compiler_options = compiler_options(self.config)
     self._compiled = {}  # batch shapes -> the compiled train step
-    self.parameters = model.parameters_per_token(jax_utils.unreplicate(self.state.params))
 
   def _train_step(self, batch):
     """The pmapped step, as train.py calls it; with XLA options, the program compiled with them
@@ -126,6 +130,8 @@ class Ours:
 
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)
+    if self.packed:
+      params = self.steps.params_tree(params)
     table = params['source_embedding']['embedding']
     return {**params, 'source_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
 
@@ -241,6 +247,8 @@ class Flax:
 
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)
+    if self.packed:
+      params = self.steps.params_tree(params)
     table = params['shared_embedding']['embedding']
     return {**params, 'shared_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
 

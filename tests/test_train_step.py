@@ -61,7 +61,7 @@ def _setup():
   config.lr_scale = 10.0  # updates well above the float32 spacing of the weights
   config_lib.validate(config)
   model_config = config_lib.model_config(config)
-  state = train_step.initial_state(config, model_config)
+  state = train_step.pack_state(train_step.initial_state(config, model_config))
   # Eight rows of different lengths: each device sees a different number of real tokens.
   rng = np.random.default_rng(0)
   lengths = [3, 9, 5, 12, 1, 7, 10, 4]
@@ -156,8 +156,8 @@ def test_a_non_finite_gradient_leaves_the_state_unchanged():
 
 
 def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
-  """The step takes the norm of all gradients as one vector, divided by the token count after:
-  optax's norm of the per-token gradients, array by array, to float32 rounding."""
+  """The step takes the norm of the packed gradients, divided by the token count after: optax's
+  norm of the per-token gradients, array by array, to float32 rounding."""
   config, model_config, state, batch = _setup()
   steps = train_step.StepFunctions(config, model_config)
   state = jax_utils.replicate(state, jax.local_devices()[:1])
@@ -165,7 +165,52 @@ def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
       state, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
   _, metrics = jax.pmap(steps.apply_gradients, train_step.AXIS,
                         devices=jax.local_devices()[:1])(state, grads, sums)
-  per_token = jax.tree_util.tree_map(lambda g: g[0] / float(sums['tokens'][0]), grads)
+  per_token = steps.params_tree(jax.tree_util.tree_map(lambda g: g[0] / float(sums['tokens'][0]),
+                                                       grads))
+  assert len(jax.tree_util.tree_leaves(per_token)) > 10
   assert float(sums['tokens'][0]) == 53
   np.testing.assert_allclose(metrics['grad_norm'][0], optax.tree.norm(per_token), rtol=1e-6)
   assert float(metrics['grad_norm'][0]) > 0.1
+
+
+@pytest.mark.parametrize('clip', [0.0, 1.0])
+def test_the_packed_state_holds_five_arrays_and_unpacks_to_the_trees(clip):
+  config = tiny.get_config()
+  config.grad_clip_norm = clip  # another optimizer state: clipping's, then Adam's
+  model_config = config_lib.model_config(config)
+  trees = train_step.initial_state(config, model_config)
+  trees = trees.replace(opt_state=jax.tree_util.tree_map(  # moments that differ from each other
+      lambda x: np.random.default_rng(x.size).normal(size=x.shape).astype(x.dtype),
+      trees.opt_state))
+  packed = train_step.pack_state(trees)
+  # The parameters and Adam's two moments as a vector each; the step and the optimizer's counts.
+  size = sum(x.size for x in jax.tree_util.tree_leaves(trees.params))
+  shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(packed)]
+  assert sorted(shapes) == [()] * (len(shapes) - 3) + [(size,)] * 3 and len(shapes) <= 7
+  steps = train_step.StepFunctions(config, model_config)
+  again = train_step.unpack_state(packed, steps.param_shapes)
+  assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(trees)
+  for x, y in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(trees)):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape
+    np.testing.assert_array_equal(x, y)
+
+
+def test_a_step_on_the_packed_state_makes_adams_update_of_the_trees():
+  config, model_config, state, batch = _setup()
+  steps = train_step.StepFunctions(config, model_config)
+  new_state, _ = _update(steps, state, batch, jax.local_devices()[:1])
+  # The same update from the trees: the gradients unpacked, optax's Adam array by array.
+  replicated = jax_utils.replicate(state, jax.local_devices()[:1])
+  grads, sums = jax.pmap(steps.gradients, train_step.AXIS, devices=jax.local_devices()[:1])(
+      replicated, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
+  grads = steps.params_tree(jax.tree_util.tree_map(lambda g: g[0] / float(sums['tokens'][0]),
+                                                   grads))
+  trees = train_step.unpack_state(state, steps.param_shapes)
+  expected = trees.apply_gradients(grads=grads)
+  got = train_step.unpack_state(new_state, steps.param_shapes)
+  assert int(got.step) == 1
+  assert _max_difference(trees.params, expected.params) > 1e-5
+  for x, y in zip(jax.tree_util.tree_leaves((got.params, got.opt_state)),
+                  jax.tree_util.tree_leaves((expected.params, expected.opt_state)), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)

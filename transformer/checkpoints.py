@@ -23,8 +23,8 @@ from absl import logging
 from etils import epath
 
 from transformer import config as config_lib
-from transformer import files
-from transformer import train_step
+from transformer import files, train_step
+from transformer.packing import pack, unpack
 
 STATE, META, LAYOUT = 'state', 'meta', 'layout'
 
@@ -59,25 +59,6 @@ def layout(tree) -> list[list]:
     _LAYOUTS[key] = [[jax.tree_util.keystr(path), list(shape), dtype] for (path, _), (shape, dtype)
                      in zip(jax.tree_util.tree_leaves_with_path(tree), key[1])]
   return _LAYOUTS[key]
-
-
-def pack(tree) -> dict[str, np.ndarray]:
-  """`tree`'s arrays flattened and concatenated in its leaves' order, one vector per dtype name."""
-  parts = {}
-  for x in jax.tree_util.tree_leaves(tree):
-    parts.setdefault(np.dtype(x.dtype).name, []).append(np.ravel(x))
-  return {dtype: np.concatenate(arrays) for dtype, arrays in parts.items()}
-
-
-def unpack(vectors: dict[str, np.ndarray], like):
-  """The tree shaped as `like` whose arrays `pack` concatenated into `vectors` (views of them)."""
-  taken = dict.fromkeys(vectors, 0)
-  leaves = []
-  for x in jax.tree_util.tree_leaves(like):
-    dtype, size = np.dtype(x.dtype).name, math.prod(x.shape)
-    leaves.append(vectors[dtype][taken[dtype]:taken[dtype] + size].reshape(x.shape))
-    taken[dtype] += size
-  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
 
 
 class Checkpoints:

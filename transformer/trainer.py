@@ -392,7 +392,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     state = state.replace(step=start_step, **restored)
   parameters_per_token = model.parameters_per_token(state.params)
   logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
-  state = train_step.replicate(state)
+  state = train_step.replicate(train_step.pack_state(state))
+  params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for evaluation
 
   optimizer_step = _OptimizerStep(steps, config.grad_accum_steps)
   writer = metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0)
@@ -414,8 +415,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       # delayed the first step (one-off, 2 CPU cores: 1.1 s of 6 s).
       optimizer_step.lower(state, first)
     evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
-                            ['validation', 'test'])
+    evaluator.compile_ahead(jax.eval_shape(params_of, state.params),
+                            ['validation'] if evaluates else [], ['validation', 'test'])
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, stream)
@@ -436,14 +437,15 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         log.write(step)
       # Preempted: save first, evaluate never (Cloud TPU kills ~30 s after the SIGTERM).
       if not preempted and _every(step, config.eval_every_steps):
-        evaluator.loss(state.params, step, 'validation')
+        evaluator.loss(params_of(state.params), step, 'validation')
         log.restart_clock()
       if not preempted and _every(step, config.bleu_every_steps):
-        preempted = not evaluator.bleu(state.params, step, 'validation', stop=stop)
+        preempted = not evaluator.bleu(params_of(state.params), step, 'validation', stop=stop)
         log.restart_clock()
       if last or preempted or secs_due or _every(step, config.checkpoint_every_steps):
         log.check_finite(step)  # nothing non-finite may reach a checkpoint
-        checkpoints.save(step, local_copy({'params': state.params, 'opt_state': state.opt_state}),
+        saved = train_step.unpack_state(local_copy(state), steps.param_shapes)
+        checkpoints.save(step, {'params': saved.params, 'opt_state': saved.opt_state},
                          {'step': step, 'data_position': batches.position,
                           'data_shards': jax.device_count()})
         last_save = time.time()
