@@ -95,21 +95,30 @@ def _fused(bodies, opcode: str, line: str) -> list | None:
   return bodies.get(called.group(1), []) if opcode == 'fusion' and called else None
 
 
+def _elements(shape: str) -> int:
+  """The elements of an array's HLO shape: 'bf16[16,64]{1,0}' has 1024."""
+  (_, dims), = _ARRAY.findall(shape)
+  return math.prod(int(d) for d in dims.split(',') if d)
+
+
 def _bytes_read(body, index: int, whole: int) -> int:
   """What a fused computation reads of its parameter `index`: the slices it takes, where it
-  only slices it (through bitcasts), else all of it."""
-  names = {name for name, _, opcode, _, line in body
-           if opcode == 'parameter' and f'parameter({index})' in line}
-  sliced = 0
+  only slices it (through bitcasts, and converts, which read element by element), else all of
+  it."""
+  names, elements, sliced = set(), 1, 0
+  for name, shape, opcode, _, line in body:
+    if opcode == 'parameter' and f'parameter({index})' in line:
+      names.add(name)
+      elements = _elements(shape)
   for name, shape, opcode, operands, _ in body:  # operations come after their operands
     if names & set(operands):
-      if opcode == 'bitcast':
+      if opcode in ('bitcast', 'convert'):
         names.add(name)
       elif opcode == 'slice':
-        sliced += shape_bytes(shape)
+        sliced += _elements(shape)
       else:
         return whole
-  return sliced or whole
+  return sliced * whole // elements or whole
 
 
 def kernel_bytes(hlo: str) -> dict[str, int]:

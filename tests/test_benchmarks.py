@@ -123,10 +123,31 @@ ENTRY %main (a: bf16[16,48]) -> ((bf16[4,4,16], bf16[4,4,16]), bf16[16,48]) {
 }
 """
 
+# Two slices of a float32 vector, converted to bfloat16 (the packed parameters, for a step's
+# matmuls): XLA converts the whole vector in the fused computation, but the kernel reads only
+# the slices' elements.
+CONVERTED_SLICES_HLO = """HloModule converted_slices
+
+%fused_slice (param_0: f32[64]) -> (bf16[8], bf16[8]) {
+  %param_0 = f32[64]{0} parameter(0)
+  %convert.1 = bf16[64]{0} convert(%param_0)
+  %slice.1 = bf16[8]{0} slice(%convert.1), slice={[0:8]}
+  %slice.2 = bf16[8]{0} slice(%convert.1), slice={[32:40]}
+  ROOT %tuple.1 = (bf16[8]{0}, bf16[8]{0}) tuple(%slice.1, %slice.2)
+}
+
+ENTRY %main (a: f32[64]) -> (bf16[8], bf16[8]) {
+  %a = f32[64]{0} parameter(0)
+  ROOT %loop_slice_fusion = (bf16[8]{0}, bf16[8]{0}) fusion(%a), kind=kLoop, calls=%fused_slice
+}
+"""
+
 
 def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
   # The slices: 2 x 256 elements read and written; the add: 768 written, 2 x 768 read; bfloat16.
   assert hlo.kernel_bytes(SLICE_HLO) == {'elementwise': (2 * 2 * 256 + 3 * 768) * 2}
+  # 2 x 8 float32 elements read, 2 x 8 bfloat16 written.
+  assert hlo.kernel_bytes(CONVERTED_SLICES_HLO) == {'elementwise': 16 * 4 + 16 * 2}
   # The split-K sums read 8 + 2 + 4 float32 16x16 parts and write three 16x16 sums; the matmuls
   # are left out.
   assert hlo.kernel_bytes(GPU_HLO) == {'reduction': (8 + 2 + 4 + 3) * 16 * 16 * 4}
