@@ -25,7 +25,9 @@ of the rounds' ratios.
 - train: one pmapped training step (forward, backward, Adam), each side's own `train_step`. For
   each N in --steps_per_call a row in which each timed call runs N steps and waits only for the
   last, as a training loop does: with N > 1 the dispatch and wait that a lone step adds
-  (milliseconds on a GPU) overlap the device's work. Times are per step.
+  (milliseconds on a GPU) overlap the device's work. Times are per step. Also each side's time
+  until its call's first step returned to Python: the host's work for a step (its arguments, the
+  launch of its program), which a lone step waits for.
 - beam: beam search, beam 4, alpha 0.6, on 64 sentences of 24 tokens, decoded to the length
   limit (source + 50 tokens) by both: the EOS row of each side's embedding is zeroed, so EOS is
   never a top candidate, and our search reports how many steps it ran. Flax's time includes its
@@ -110,13 +112,19 @@ def main(argv):
       for fn in sides.values():  # compile, and a first call off the clock
         fn()
         fn()
+      returned = {name: [] for name in sides}  # seconds each call's first step took to return
+      recording = {name: lambda fn=fn, out=returned[name]: out.append(fn())
+                   for name, fn in sides.items()}
+      timings = alternate(recording, repeats)
+      for name, timing in timings.items():
+        timing['call_returns_secs'] = statistics.median(returned[name])
       results['train'].append({
           'shape': 'x'.join(map(str, shape)),
           'steps_per_call': steps,
           'real_token_fraction': float((batch['targets'] > 0).mean()),
           'sides': {name: {**timing, 'secs': timing['secs'] / steps,
                            'model_flops_per_sec': float(flops * steps / timing['secs'])}
-                    for name, timing in alternate(sides, repeats).items()}})
+                    for name, timing in timings.items()}})
 
   if _BEAM_SHAPE.value:
     results['beam'] = beam(mine, reference, rng, repeats)
@@ -148,6 +156,9 @@ def beam(ours: Ours, reference: Flax, rng: np.random.Generator, repeats: int) ->
 def markdown(results: dict) -> str:
   peak = results['matmul_peak_flops_per_sec']
 
+  def returns(side: dict) -> str:
+    return f'{side["call_returns_secs"] * 1e3:.2f}' if 'call_returns_secs' in side else '-'
+
   def rows(step: str, r: dict) -> list[str]:
     flax = r['sides']['flax']
     lines = []
@@ -159,7 +170,7 @@ def markdown(results: dict) -> str:
           f'| {step} | {r["shape"]} | {name} | {side["secs"] * 1e3:.1f} | '
           f'{flax["secs"] * 1e3:.1f} | {side["speedup"]:.2f}x ({low:.2f}-{high:.2f}) | '
           f'{tflops(side["model_flops_per_sec"], peak)} | '
-          f'{tflops(flax["model_flops_per_sec"], peak)} |')
+          f'{tflops(flax["model_flops_per_sec"], peak)} | {returns(side)} / {returns(flax)} |')
     return lines
 
   beam = results['beam']
@@ -171,11 +182,12 @@ def markdown(results: dict) -> str:
       f'medians; flax / ours is the median of the rounds\' ratios (lowest-highest in brackets). '
       f'{results["dtype"]} matmul peak {peak / 1e12:.1f} TFLOP/s '
       f'({results["matmul_peak_size"]}^2); '
-      'model TFLOP/s in brackets: % of that peak.',
+      'model TFLOP/s in brackets: % of that peak. A call returns: milliseconds until a '
+      "call's first step returned to Python, the host's work for it (median).",
       '',
       '| step | batch | ours (config overrides) | ours (ms) | flax examples/wmt (ms) | '
-      'flax / ours | ours TFLOP/s | flax TFLOP/s |',
-      '| --- | --- | --- | --- | --- | --- | --- | --- |',
+      'flax / ours | ours TFLOP/s | flax TFLOP/s | a call returns, ours / flax (ms) |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- |',
       *(line for r in results['train'] for line in rows(
           f'train, {r["steps_per_call"]} steps per call' if r.get('steps_per_call', 1) > 1
           else 'train', r)),

@@ -247,8 +247,6 @@ class Flax:
 
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)
-    if self.packed:
-      params = self.steps.params_tree(params)
     table = params['shared_embedding']['embedding']
     return {**params, 'shared_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
 
