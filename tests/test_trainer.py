@@ -236,7 +236,8 @@ def test_closing_the_evaluator_stops_compiling_ahead_after_the_program_at_hand(t
   shard = dict(process_index=0, process_count=1, num_devices=jax.local_device_count())
   evaluator = trainer._Evaluator(config, vocab, train_step.StepFunctions(config, model_config),
                                  shard, metrics.MetricsWriter(str(tmp_path), enabled=False))
-  params = jax_utils.replicate(train_step.initial_state(config, model_config).params)
+  params = jax_utils.replicate(
+      train_step.pack_state(train_step.initial_state(config, model_config)).params)
   compile_program, compiling, compiled_keys = compiled.Programs._compile, threading.Event(), []
 
   def compile_once_closing(programs, key, args):  # the first compilation outlasts `close`'s call

@@ -146,6 +146,7 @@ class _Evaluator:
   def __init__(self, config, vocab, steps: train_step.StepFunctions, shard: dict,
                writer: metrics.MetricsWriter):
     self.config, self.vocab, self.shard, self.writer = config, vocab, shard, writer
+    self.steps = steps
     # Keyed by the batch's shapes.
     self.eval_programs = compiled.Programs(jax.pmap(steps.eval_step, train_step.AXIS))
     self.translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
@@ -155,7 +156,7 @@ class _Evaluator:
     self._training = threading.Event()  # the training step has compiled: compile the rest
     self._closing = threading.Event()  # tells it to stop after the program at hand
 
-  def compile_ahead(self, params, loss_splits: list[str], bleu_splits: list[str]):
+  def compile_ahead(self, packed_params, loss_splits: list[str], bleu_splits: list[str]):
     """Prepares the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
     on a background thread (on an H100 a cold start of the Multi30k recipe spent 10-30 s on these
     programs): lowers them at once, Python work that would slow the steps' dispatch, while the
@@ -166,12 +167,16 @@ class _Evaluator:
     no programs ahead there."""
     if jax.process_count() > 1:
       return
-    params = compiled.shapes_of(params)  # the state's buffers are donated by the next step
+    packed_params = compiled.shapes_of(packed_params)  # the next step donates their buffers
+    # The beam searches take the parameters' tree, as `bleu` gets it.
+    params = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct((jax.local_device_count(), *x.shape), x.dtype),
+        self.steps.param_shapes)
 
     def programs_and_args():  # in the order the run needs them
       for split in loss_splits:
         for batch in self._loss_batches(split):
-          yield self.eval_programs, (self._loss_key(batch), params, batch)
+          yield self.eval_programs, (self._loss_key(batch), packed_params, batch)
       for split in bleu_splits:
         try:
           searches = self.translator.search_programs(params, self._texts(split)[0])
@@ -234,6 +239,7 @@ class _Evaluator:
     return tuple((name, value.shape) for name, value in sorted(batch.items()))
 
   def loss(self, params, step: int, split: str):
+    """Logs the loss on `split` at a packed state's `params`."""
     sums = [self.eval_programs.get(self._loss_key(batch), params, batch)(params, batch)
             for batch in self._loss_batches(split)]
     summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
@@ -393,7 +399,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   parameters_per_token = model.parameters_per_token(state.params)
   logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
   state = train_step.replicate(train_step.pack_state(state))
-  params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for evaluation
+  params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for BLEU on the way
 
   optimizer_step = _OptimizerStep(steps, config.grad_accum_steps)
   writer = metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0)
@@ -415,8 +421,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       # delayed the first step (one-off, 2 CPU cores: 1.1 s of 6 s).
       optimizer_step.lower(state, first)
     evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-    evaluator.compile_ahead(jax.eval_shape(params_of, state.params),
-                            ['validation'] if evaluates else [], ['validation', 'test'])
+    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
+                            ['validation', 'test'])
   try:
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, stream)
@@ -437,7 +443,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         log.write(step)
       # Preempted: save first, evaluate never (Cloud TPU kills ~30 s after the SIGTERM).
       if not preempted and _every(step, config.eval_every_steps):
-        evaluator.loss(params_of(state.params), step, 'validation')
+        evaluator.loss(state.params, step, 'validation')
         log.restart_clock()
       if not preempted and _every(step, config.bleu_every_steps):
         preempted = not evaluator.bleu(params_of(state.params), step, 'validation', stop=stop)
