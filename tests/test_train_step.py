@@ -174,7 +174,7 @@ def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
 
 
 @pytest.mark.parametrize('clip', [0.0, 1.0])
-def test_the_packed_state_holds_five_arrays_and_unpacks_to_the_trees(clip):
+def test_the_packed_state_is_three_vectors_and_scalars_and_unpacks_to_the_trees(clip):
   config = tiny.get_config()
   config.grad_clip_norm = clip  # another optimizer state: clipping's, then Adam's
   model_config = config_lib.model_config(config)
