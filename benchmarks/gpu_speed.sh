@@ -6,7 +6,8 @@
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off, XLA's
-# merging of matmuls that share an input off) and, as a variant, with the merging on),
+# merging of matmuls that share an input off) and, as a variant, with the loss chunk by chunk,
+# 4096 target positions each, the chunks of padding not projected),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -81,8 +82,7 @@ for stage in "$@"; do
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
       run vs_flax_base 360 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --steps_per_call=1,5 --beam_shape= --repeats=10 \
-        --variant=xla_flags=--xla_gpu_enable_triton_gemm=false \
+        --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_chunk_tokens=4096 \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
