@@ -1,6 +1,6 @@
 r"""XLA's plan for the train step on an H100, compiled on a machine without a GPU.
 
-  pip install -e '.[cuda12]'  # jax's CUDA plugin; no GPU or driver needed
+  pip install -e '.[cuda12]'  # jax's CUDA plugin ('.[cuda13]' too); no GPU or driver needed
   python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--variant='key=value ...']...
       [--flax_dir=DIR] [--ours=CHECKOUT] [--name=gpu_plan]
 
@@ -75,7 +75,7 @@ def h100_mesh():
                                             topology='1x1x1')
   except Exception as error:  # jax raises NotImplementedError or RuntimeError
     raise SystemExit(f"benchmarks.gpu_plan: jax cannot compile for a GPU here ({error}); "
-                     "install its CUDA plugin: pip install -e '.[cuda12]'") from None
+                     "install its CUDA plugin: pip install -e '.[cuda12]' or '.[cuda13]'") from None
   return topologies.make_mesh(topology, (1,), ('batch',))
 
 

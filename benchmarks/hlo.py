@@ -11,6 +11,7 @@ _COMPUTATION = re.compile(r'^%?(\S+) .*\{$')
 _OPERATION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\(([^)]*)\)')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CALLS = re.compile(r'calls=%?([\w.\-]+)')  # the computation a fusion or call runs
+_GEMM = re.compile(r'custom_call_target="[^"]*(gemm|matmul)')  # cuBLAS's matmuls
 
 
 def _operations(hlo: str) -> dict[str, list[tuple[str, str, str, list[str], str]]]:
@@ -47,9 +48,12 @@ def hlo_classes(hlo: str) -> dict[str, tuple[str, str]]:
       body = [pair for c in called for pair in lines(c)] or [(opcode, line)]
       inside = {op for op, _ in body}
       computed = inside - {'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast'}
-      dots = [text for op, text in body if op in ('dot', 'convolution')]
-      op_name = _OP_NAME.search(dots[0] if dots else line)  # a matmul is named by its dot
-      if dots or re.search(r'custom_call_target="[^"]*(gemm|matmul)', line):  # or cuBLAS's
+      # A matmul is named by its dot or cuBLAS's call, which a fusion may wrap to read its
+      # operands' slices in place (XLA's dynamic-slice fusion).
+      dots = [text for op, text in body
+              if op in ('dot', 'convolution') or op == 'custom-call' and _GEMM.search(text)]
+      op_name = _OP_NAME.search(dots[0] if dots else line)
+      if dots:
         kind = 'matmul'
       elif computed & {'reduce', 'reduce-window'}:
         kind = 'reduction'

@@ -143,11 +143,38 @@ ENTRY %main (a: f32[64]) -> (bf16[8], bf16[8]) {
 """
 
 
+# A matmul reading its weight as a slice of the packed bfloat16 parameters in place: cuBLAS's call
+# in a fusion of its own (XLA's dynamic-slice fusion), after the kernel that converts them.
+SLICED_MATMUL_HLO = """HloModule sliced_matmul
+
+%convert_computation (param_0: f32[64]) -> bf16[64] {
+  %param_0 = f32[64]{0} parameter(0)
+  ROOT %convert.1 = bf16[64]{0} convert(%param_0)
+}
+
+%dynamic-slice-fusion (p0: bf16[64], p1: bf16[16,4]) -> (bf16[16,8], s8[64]) {
+  %p1 = bf16[16,4]{1,0} parameter(1)
+  %p0 = bf16[64]{0} parameter(0)
+  %slice.1 = bf16[32]{0} slice(%p0), slice={[16:48]}
+  %bitcast.1 = bf16[4,8]{1,0} bitcast(%slice.1)
+  ROOT %cublas-lt-matmul.1 = (bf16[16,8]{1,0}, s8[64]{0}) custom-call(%p1, %bitcast.1), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/layer/dot_general"}
+}
+
+ENTRY %main (w: f32[64], x: bf16[16,4]) -> (bf16[16,8], s8[64]) {
+  %w = f32[64]{0} parameter(0)
+  %x = bf16[16,4]{1,0} parameter(1)
+  %wrapped_convert = bf16[64]{0} fusion(%w), kind=kLoop, calls=%convert_computation
+  ROOT %dynamic_slice_fusion = (bf16[16,8]{1,0}, s8[64]{0}) fusion(%wrapped_convert, %x), kind=kCustom, calls=%dynamic-slice-fusion
+}
+"""
+
 def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
   # The slices: 2 x 256 elements read and written; the add: 768 written, 2 x 768 read; bfloat16.
   assert hlo.kernel_bytes(SLICE_HLO) == {'elementwise': (2 * 2 * 256 + 3 * 768) * 2}
   # 2 x 8 float32 elements read, 2 x 8 bfloat16 written.
   assert hlo.kernel_bytes(CONVERTED_SLICES_HLO) == {'elementwise': 16 * 4 + 16 * 2}
+  # The convert: 64 float32 elements read, 64 bfloat16 written; the matmul is left out.
+  assert hlo.kernel_bytes(SLICED_MATMUL_HLO) == {'elementwise': 64 * 4 + 64 * 2}
   # The split-K sums read 8 + 2 + 4 float32 16x16 parts and write three 16x16 sums; the matmuls
   # are left out.
   assert hlo.kernel_bytes(GPU_HLO) == {'reduction': (8 + 2 + 4 + 3) * 16 * 16 * 4}
@@ -156,14 +183,19 @@ def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
 
 def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose():
   assert hlo.kernels_by_class(GPU_HLO) == {'matmul': 3, 'reduction': 3}
+  assert hlo.kernels_by_class(SLICED_MATMUL_HLO) == {'elementwise': 1, 'matmul': 1}
+  assert hlo.hlo_classes(SLICED_MATMUL_HLO)['dynamic_slice_fusion'] == (
+      'matmul', 'jit(step)/layer/dot_general')
   assert hlo.split_k_sums(GPU_HLO) == [{'parts': 8, 'transposed': False},
                                        {'parts': 2, 'transposed': True},
                                        {'parts': 4, 'transposed': True}]
 
 
 @pytest.mark.skipif(importlib.util.find_spec('jax_plugins') is None or
-                    importlib.util.find_spec('jax_plugins.xla_cuda12') is None,
-                    reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]')")
+                    not any(importlib.util.find_spec(f'jax_plugins.xla_cuda{version}')
+                            for version in (12, 13)),
+                    reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]' "
+                           "or '.[cuda13]')")
 def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   # configs/default.py turns Triton's matmuls off: cuBLAS's return whole weight gradients.
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
