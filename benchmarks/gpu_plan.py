@@ -9,14 +9,18 @@ deviceless compilation), so what XLA would launch on an H100 can be read anywher
 (each --variant's config overrides, its `xla_flags` as options of that program) and flax
 examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py), the
 bytes that those which are not matmuls move (bound by bandwidth: the H100 moved them at 71% of
-its 3.35 TB/s, docs/speed.md), and the split-K matmuls whose partial sums XLA adds in a kernel
-that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed.md). Without a
+its 3.35 TB/s, docs/speed.md), the split-K matmuls whose partial sums XLA adds in a kernel
+that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed.md), and what
+the host launches: the CUDA graphs the kernels run in, and the kernels and calls it launches one
+by one outside them (read from XLA's dump of the program's thunks). Without a
 GPU XLA cannot autotune, so matmuls get its default tilings and the plan approximates the one an
 H100 compiles; times come only from a GPU (benchmarks/profile_step.py). The config's by-backend
 choices are the GPU's. Writes benchmarks/results/<name>.{json,md}.
 """
 
+import glob
 import os
+import tempfile
 
 # Before jax starts: its CUDA plugin checks for a driver unless told not to, and the only backend
 # this runs on is the CPU.
@@ -29,7 +33,7 @@ from absl import app, flags  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from benchmarks.hlo import kernel_bytes, kernels_by_class, split_k_sums  # noqa: E402
+from benchmarks.hlo import kernel_bytes, kernels_by_class, launches, split_k_sums  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
                                  import_ours, load_config, parse_shape)
@@ -49,7 +53,8 @@ _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 
                               'Where the results go.')
 
 # An H100 80GB HBM3 (SXM) as XLA's GpuTargetConfig describes a device; CUDA 12.9 and cuDNN 9.8,
-# as jax[cuda12] installs them.
+# as jax[cuda12] installs them, and the H100 machine's driver (580, CUDA 13.0): without a driver
+# version XLA leaves cuBLAS's calls out of its CUDA graphs, as it does not on the H100.
 H100 = """
 gpu_device_info {
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
@@ -58,7 +63,7 @@ gpu_device_info {
   block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
   clock_rate_ghz: 1.98 device_memory_size: 84929347584 shared_memory_per_block_optin: 232448
   cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
+  registers_per_block_limit: 65536 driver_version: "13.0.0"
 }
 platform_name: "CUDA"
 dnn_version_info { major: 9 minor: 8 }
@@ -79,23 +84,32 @@ def h100_mesh():
   return topologies.make_mesh(topology, (1,), ('batch',))
 
 
-def plan(hlo: str) -> dict:
-  """The kernels by class, the bytes of those that are not matmuls and the split-K sums of an
-  optimized GPU module."""
+def plan(hlo: str, thunks: str) -> dict:
+  """The kernels by class, the bytes of those that are not matmuls, the split-K sums and the
+  host's launches of an optimized GPU module and its thunk sequence."""
   sums = split_k_sums(hlo)
   return {'kernels': kernels_by_class(hlo), 'kernel_bytes': kernel_bytes(hlo),
-          'split_k_sums': len(sums), 'transposed_sums': sum(s['transposed'] for s in sums)}
+          'split_k_sums': len(sums), 'transposed_sums': sum(s['transposed'] for s in sums),
+          'launches': launches(thunks)}
 
 
-def compile_for_h100(mesh, step, args, options: dict) -> str:
-  """The optimized HLO of the per-device `step` (pmapped in training, its axis 'batch') compiled
-  for `h100_mesh()`: under shard_map over it, so that its collectives have their axis."""
+def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str]:
+  """The optimized HLO and the thunk sequence of the per-device `step` (pmapped in training,
+  its axis 'batch') compiled for `h100_mesh()`: under shard_map over it, so that its collectives
+  have their axis."""
   replicated = NamedSharding(mesh, PartitionSpec())
   args = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
   mapped = jax.shard_map(step, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
                          check_vma=False)
-  return jax.jit(mapped).lower(*args).compile(compiler_options=options).as_text()
+  with tempfile.TemporaryDirectory() as dump:  # the thunks are only in XLA's dump
+    compiled = jax.jit(mapped).lower(*args).compile(
+        compiler_options={**options, 'xla_dump_to': dump})
+    # The sequence after XLA's passes over it (which form the CUDA graphs), where they changed it.
+    paths = (glob.glob(os.path.join(dump, '*.thunk_sequence_after_thunk_passes.txt')) or
+             glob.glob(os.path.join(dump, '*.thunk_sequence.txt')))
+    with open(paths[0]) as f:
+      return compiled.as_text(), f.read()
 
 
 def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
@@ -106,22 +120,28 @@ def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
            'GB moved: what the kernels that are not matmuls read and write '
            '(`benchmarks.hlo.kernel_bytes`), which bounds their time from below at the H100\'s '
            '3.35 TB/s. Split-K sums: the kernels adding split-K matmuls\' partial '
-           'products; transposed: those that write them in another layout than the matmul.'
+           'products; transposed: those that write them in another layout than the matmul. '
+           'CUDA graphs: the command buffers the host launches the kernels in, each at once; '
+           'launched alone: the kernels, library calls, copies and loops it launches one by '
+           'one outside them (`benchmarks.hlo.launches`).'
            f'{source}', '',
            '| side | variant | kernels | ' + ' | '.join(classes) +
-           ' | GB moved | split-K sums | transposed |',
-           '| --- | --- | --- | ' + ' | '.join('---' for _ in classes) + ' | --- | --- | --- |']
+           ' | GB moved | split-K sums | transposed | CUDA graphs | launched alone |',
+           '| --- | --- | --- | ' + ' | '.join('---' for _ in classes) +
+           ' | --- | --- | --- | --- | --- |']
   for row in rows:
     lines.append(f"| {row['side']} | {row['variant'] or 'as configured'} | "
                  f"{sum(row['kernels'].values())} | " +
                  ' | '.join(str(row['kernels'].get(c, 0)) for c in classes) +
                  f" | {sum(row['kernel_bytes'].values()) / 1e9:.2f} | {row['split_k_sums']} | "
-                 f"{row['transposed_sums']} |")
+                 f"{row['transposed_sums']} | {row['launches']['cuda_graphs']} | "
+                 f"{row['launches']['alone']} |")
   return '\n'.join(lines) + '\n'
 
 
 def main(argv):
   del argv
+  jax.config.update('jax_enable_compilation_cache', False)  # a cached program leaves no dump
   mesh = h100_mesh()
   jax.default_backend = lambda: 'gpu'  # the config's by-backend choices (attention, loss)
   rows, length = parse_shape(_SHAPE.value)
@@ -132,14 +152,16 @@ def main(argv):
   for variant in _VARIANTS.value:
     ours = Ours(modules, load_config(variant, _SIZE.value, _OURS.value))
     state = jax.tree_util.tree_map(lambda x: x[0], ours.state)
-    hlo = compile_for_h100(mesh, ours.steps.train_step, (state, batch), ours.compiler_options)
-    results.append({'side': 'ours', 'variant': variant, **plan(hlo)})
+    compiled = compile_for_h100(mesh, ours.steps.train_step, (state, batch),
+                                ours.compiler_options)
+    results.append({'side': 'ours', 'variant': variant, **plan(*compiled)})
   if _FLAX_DIR.value:
     theirs = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
     state = jax.tree_util.tree_map(lambda x: x[0], theirs.state)
     step = lambda state, batch, rng: theirs.train_step(state, batch, dropout_rng=rng)
-    hlo = compile_for_h100(mesh, step, (state, theirs.inputs(batch), theirs.dropout_rngs[0]), {})
-    results.append({'side': 'flax', 'variant': '', **plan(hlo)})
+    compiled = compile_for_h100(mesh, step, (state, theirs.inputs(batch),
+                                             theirs.dropout_rngs[0]), {})
+    results.append({'side': 'flax', 'variant': '', **plan(*compiled)})
   write_results(_OUTPUT.value, _NAME.value,
                 {'size': _SIZE.value, 'shape': _SHAPE.value, 'device': 'NVIDIA H100 80GB HBM3',
                  'jax': jax.__version__, 'ours': _OURS.value or 'this checkout',

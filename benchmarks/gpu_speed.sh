@@ -6,8 +6,10 @@
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off, XLA's
-# merging of matmuls that share an input off) and, as a variant, with the loss chunk by chunk,
-# 4096 target positions each, the chunks of padding not projected),
+# merging of matmuls that share an input off, the weights sliced before their matmuls) and, as
+# variants, with the loss chunk by chunk, 4096 target positions each, the chunks of padding not
+# projected, and with cuBLAS reading the weights' slices in place, XLA's dynamic-slice fusion,
+# which jax 0.11 applies and its CUDA graphs cannot hold),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -83,6 +85,7 @@ for stage in "$@"; do
     vs_flax_base)
       run vs_flax_base 360 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_chunk_tokens=4096 \
+        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
@@ -128,7 +131,7 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
       start_up triton 120 "$work/jax_cache_triton" xla_flags= ;;
     multi30k_autotune0)
       start_up autotune0 120 "$work/jax_cache_autotune0" \
-        "xla_flags=--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" ;;
+        "xla_flags=--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_dynamic_slice_fusion=false --xla_gpu_autotune_level=0" ;;
     checkpoint_cost)
       run checkpoint_cost 90 python3 -m benchmarks.checkpoint_cost --baseline=01db0da --rounds=3 \
         --saves=5 --output="$out/results" --label="GPU host" ;;
@@ -152,7 +155,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
     vs_flax_multi30k)
       run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 \
         --steps_per_call=1,5 --repeats=10 --variant=xla_flags= \
-        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
+        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_dynamic_slice_fusion=false --xla_disable_hlo_passes=dot-merger'" \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_multi30k_gpu ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

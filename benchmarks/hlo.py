@@ -1,6 +1,6 @@
 """Reading XLA's optimized HLO text: what each instruction computes, which kernels a step
 launches, how many bytes the kernels that are not matmuls move, and how split-K matmuls' partial
-products are summed."""
+products are summed; and XLA's thunk sequence: what the host launches, in CUDA graphs or alone."""
 
 import collections
 import math
@@ -171,3 +171,15 @@ def split_k_sums(hlo: str) -> list[dict]:
         sums.append({'parts': parts[0], 'transposed': reduction.group(1) == '0,1'})
         break
   return sums
+
+
+_THUNK = re.compile(r'^\d+: (k\w+)', re.MULTILINE)  # a top-level thunk; nested ones are indented
+
+
+def launches(thunk_sequence: str) -> dict[str, int]:
+  """What the host launches for one call of a GPU program, from XLA's dump of its thunk sequence
+  (`xla_dump_to`, `*.thunk_sequence_after_thunk_passes.txt`): 'cuda_graphs', its command buffers,
+  each launched at once with all the kernels inside it, and 'alone', the thunks launched one by
+  one outside them (kernels, library calls, copies, loops)."""
+  kinds = collections.Counter(_THUNK.findall(thunk_sequence))
+  return {'cuda_graphs': kinds.pop('kCommandBuffer', 0), 'alone': sum(kinds.values())}

@@ -43,7 +43,9 @@ def get_config(pair: str = 'en-de'):
   config.checkpoint_every_steps = 100
   config.checkpoint_every_secs = 0
   config.keep_checkpoints = 10
-  # Triton's matmuls off, as configs/default.py, but XLA's dot merger on: at this size merged
-  # matmuls are fewer launches of small kernels, and the step is timed with it (docs/speed.md).
-  config.xla_flags = '--xla_gpu_enable_triton_gemm=false'
+  # Triton's matmuls off and the weights sliced before their matmuls, as configs/default.py, but
+  # XLA's dot merger on: at this size merged matmuls are fewer launches of small kernels, and the
+  # step is timed with it (docs/speed.md).
+  config.xla_flags = ('--xla_gpu_enable_triton_gemm=false '
+                      '--xla_gpu_enable_dynamic_slice_fusion=false')
   return config

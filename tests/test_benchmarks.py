@@ -197,13 +197,35 @@ def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose
                     reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]' "
                            "or '.[cuda13]')")
 def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
-  # configs/default.py turns Triton's matmuls off: cuBLAS's return whole weight gradients.
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
                   '--shape=16x16', '--variant=', '--variant=xla_flags=', '--flax_dir=',
                   f'--output={tmp_path}'], check=True, cwd=ROOT)
-  configured, triton = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
-  assert configured['kernels']['matmul'] > 0 and triton['kernels']['matmul'] > 0
+  configured, defaults = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
+  assert configured['kernels']['matmul'] > 0 and defaults['kernels']['matmul'] > 0
+  # The configs turn Triton's matmuls off: cuBLAS's return whole weight gradients.
   assert configured['split_k_sums'] == 0
+  # And the weights' slices are taken before their matmuls: the step is launched as one CUDA
+  # graph, as it was before the parameters were packed.
+  assert configured['launches'] == {'cuda_graphs': 1, 'alone': 0}
+
+
+# XLA's dump of a program's thunks: two CUDA graphs (their kernels nested), a loop and a matmul
+# launched one by one between them.
+THUNK_SEQUENCE = """000: kCommandBuffer      [source       | next=003 (1) ]
+    001: kCopy         [source        | sink         ] kCopy
+    002: kCustomKernel [prev=001 (1)  | sink         ] loop_add_fusion
+003: kWhile              [prev=000 (1) | next=005 (1) ]
+  condition:
+    004: kCustomKernel [source | sink] loop_compare_fusion
+005: kDynamicSliceFusion [prev=003 (1) | next=000 (1) ]
+000: kCommandBuffer      [prev=005 (1) | sink ]
+    006: kCublasLtMatmul [source | sink]
+"""
+
+
+def test_the_hosts_launches_are_the_cuda_graphs_and_the_thunks_outside_them():
+  assert hlo.launches(THUNK_SEQUENCE) == {'cuda_graphs': 2, 'alone': 2}
+  assert hlo.launches('') == {'cuda_graphs': 0, 'alone': 0}
 
 
 def test_gpu_kernels_are_counted_under_the_operation_that_launched_them(tmp_path):
