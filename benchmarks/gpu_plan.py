@@ -54,7 +54,7 @@ _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 
 
 # An H100 80GB HBM3 (SXM) as XLA's GpuTargetConfig describes a device; CUDA 12.9 and cuDNN 9.8,
 # as jax[cuda12] installs them, and the H100 machine's driver (580, CUDA 13.0): without a driver
-# version XLA leaves cuBLAS's calls out of its CUDA graphs, as it does not on the H100.
+# version XLA leaves cuBLAS's calls out of its CUDA graphs, which on the H100 hold them.
 H100 = """
 gpu_device_info {
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152

@@ -129,7 +129,8 @@ def get_config():
   # step 28.4 -> 27.2 ms, then 28.3 -> 27.5 ms. And the matmuls' weights sliced out of the packed
   # parameters before the matmul: XLA (jax 0.11) otherwise has cuBLAS read each slice in place
   # through a call its CUDA graphs cannot hold, and the step, one graph, becomes 27 graphs and 317
-  # launches one by one (`python -m benchmarks.gpu_plan`). GPU flags: a CPU's compiler runs none of these.
+  # launches one by one (`python -m benchmarks.gpu_plan`). GPU flags: a CPU's compiler runs none
+  # of these.
   config.xla_flags = ('--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger '
                       '--xla_gpu_enable_dynamic_slice_fusion=false')
   return config
