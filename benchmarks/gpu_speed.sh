@@ -83,7 +83,7 @@ for stage in "$@"; do
     loss_check)
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
-      run vs_flax_base 360 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+      run vs_flax_base 420 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_chunk_tokens=4096 \
         --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
         --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
