@@ -5,11 +5,8 @@
 #
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
-# base size, bfloat16, against flax examples/wmt, as configured (Triton's matmuls off, XLA's
-# merging of matmuls that share an input off, the weights sliced before their matmuls) and, as
-# variants, with the loss chunk by chunk, 4096 target positions each, the chunks of padding not
-# projected, and with cuBLAS reading the weights' slices in place, XLA's dynamic-slice fusion,
-# which jax 0.11 applies and its CUDA graphs cannot hold),
+# base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls off, XLA's
+# merging of matmuls that share an input off, the weights sliced before their matmuls),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -31,7 +28,8 @@
 # cuBLAS's own choice of kernels),
 # checkpoint_cost (what a save of the recipe's state costs a loop of Python steps on this host,
 # the checkpoints of this checkout against those of 01db0da, one array per leaf),
-# base_train (train.py with configs/default.py on Multi30k text), profile_base and
+# base_train (train.py with configs/default.py on Multi30k text, 1,000 steps: its first ~30 s
+# share the GPU with the compilation of the closing translation's programs), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
@@ -83,10 +81,9 @@ for stage in "$@"; do
     loss_check)
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
-      run vs_flax_base 420 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
-        --steps_per_call=1,5 --beam_shape= --repeats=10 --variant=loss_chunk_tokens=4096 \
-        --variant="xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger'" \
-        --flax_dir="$flax" --output="$out/results" --name=vs_flax_base_gpu ;;
+      run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
+        --steps_per_call=1,5 --beam_shape= --repeats=10 --flax_dir="$flax" \
+        --output="$out/results" --name=vs_flax_base_gpu ;;
     multi30k)
       start_up cold 200 "$cache"
       run multi30k_eval_test 60 python3 eval.py --workdir="$work/recipe_cold" --split=test \
@@ -138,7 +135,7 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
     base_train)
       run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
-        --config.max_length=128 --config.packing=True --config.num_train_steps=200 \
+        --config.max_length=128 --config.packing=True --config.num_train_steps=1000 \
         --config.log_every_steps=100 --config.eval_every_steps=0 --config.bleu_every_steps=0 \
         --config.checkpoint_every_secs=0 --config.compilation_cache_dir="$cache"
       cp "$work/base/metrics.jsonl" "$out/results/base_metrics.jsonl"
