@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks import (checkpoint_cost, hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale,
                         workload)
-from benchmarks.measure import round_robin
+from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
 from transformer import config as config_lib
@@ -387,6 +387,27 @@ def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
   assert config.attention_projection == 'heads' and config.model.num_heads == 4
   with pytest.raises(SystemExit, match='model.num_head'):
     workload.load_config('model.num_head=4')
+
+
+def test_the_sustained_rate_is_timed_after_the_warm_up_in_batches_waited_for_once():
+  # A simulated GPU: a call takes 2 ms for its first 0.5 s of work (clocks still low), then 1 ms;
+  # each wait costs 0.1 ms more.
+  now = [0.0]
+
+  class Result:
+    def block_until_ready(self):
+      now[0] += 1e-4
+
+  def call():
+    now[0] += 2e-3 if now[0] < 0.5 else 1e-3
+    return Result()
+
+  warm = sustained_rate(call, repeats=3, warmup_secs=1.0, clock=lambda: now[0])
+  # 32 calls a batch (the first batch of at least 50 ms), one wait each: 32 / 32.1 ms.
+  assert warm == pytest.approx(32 / 0.0321)
+  now[0] = 0.0
+  assert sustained_rate(call, repeats=3, warmup_secs=0.0,
+                        clock=lambda: now[0]) == pytest.approx(32 / 0.0641)
 
 
 def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
