@@ -1,8 +1,8 @@
 r"""XLA's plan for the train step on an H100, compiled on a machine without a GPU.
 
   pip install -e '.[cuda12]'  # jax's CUDA plugin ('.[cuda13]' too); no GPU or driver needed
-  python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--variant='key=value ...']...
-      [--flax_dir=DIR] [--ours=CHECKOUT] [--name=gpu_plan]
+  python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--packed]
+      [--variant='key=value ...']... [--flax_dir=DIR] [--ours=CHECKOUT] [--name=gpu_plan]
 
 jax compiles for a GPU described by XLA's target config (`jax.experimental.topologies`, XLA's
 deviceless compilation), so what XLA would launch on an H100 can be read anywhere: our train step
@@ -40,6 +40,9 @@ from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_
 
 _SIZE = flags.DEFINE_enum('size', 'base', list(CONFIG_FILES), "The model's config.")
 _SHAPE = flags.DEFINE_string('shape', '256x64', 'Training batch, rows x length.')
+_PACKED = flags.DEFINE_bool(
+    'packed', False, "Rows packed with several pairs, as train.py's batches with packing=True: "
+    'the batch carries segment ids and positions.')
 _VARIANTS = flags.DEFINE_multi_string(
     'variant', [''], "Space-separated key=value config overrides, one plan each ('' as is).")
 _FLAX_DIR = flags.DEFINE_string(
@@ -145,8 +148,10 @@ def main(argv):
   mesh = h100_mesh()
   jax.default_backend = lambda: 'gpu'  # the config's by-backend choices (attention, loss)
   rows, length = parse_shape(_SHAPE.value)
-  batch = {side: jax.ShapeDtypeStruct((rows, length), jnp.int32)
-           for side in ('sources', 'targets')}
+  names = ['sources', 'targets'] + (['source_segment_ids', 'source_positions',
+                                      'target_segment_ids', 'target_positions']
+                                     if _PACKED.value else [])
+  batch = {name: jax.ShapeDtypeStruct((rows, length), jnp.int32) for name in names}
   modules = import_ours(_OURS.value)
   results = []
   for variant in _VARIANTS.value:
@@ -162,10 +167,11 @@ def main(argv):
     compiled = compile_for_h100(mesh, step, (state, theirs.inputs(batch),
                                              theirs.dropout_rngs[0]), {})
     results.append({'side': 'flax', 'variant': '', **plan(*compiled)})
+  shape = _SHAPE.value + (' packed' if _PACKED.value else '')
   write_results(_OUTPUT.value, _NAME.value,
-                {'size': _SIZE.value, 'shape': _SHAPE.value, 'device': 'NVIDIA H100 80GB HBM3',
+                {'size': _SIZE.value, 'shape': shape, 'device': 'NVIDIA H100 80GB HBM3',
                  'jax': jax.__version__, 'ours': _OURS.value or 'this checkout',
-                 'rows': results}, markdown(results, _SIZE.value, _SHAPE.value, _OURS.value))
+                 'rows': results}, markdown(results, _SIZE.value, shape, _OURS.value))
 
 
 if __name__ == '__main__':

@@ -259,10 +259,16 @@ class Flax:
     return self.p_train_step.lower(self.state, self.inputs(batch),
                                    dropout_rng=self.dropout_rngs).compile().as_text()
 
-  @staticmethod
-  def inputs(batch):
+  # Our batch's keys -> flax's; a packed batch's segment ids and positions too.
+  INPUT_NAMES = {'sources': 'inputs', 'targets': 'targets',
+                 'source_segment_ids': 'inputs_segmentation', 'source_positions': 'inputs_position',
+                 'target_segment_ids': 'targets_segmentation',
+                 'target_positions': 'targets_position'}
+
+  @classmethod
+  def inputs(cls, batch):
     """Our batch under flax's names."""
-    return {'inputs': batch['sources'], 'targets': batch['targets']}
+    return {cls.INPUT_NAMES[name]: array for name, array in batch.items()}
 
   def beam_params(self):
     params = jax_utils.unreplicate(self.state.params)

@@ -378,6 +378,21 @@ def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
   assert loop_fusions(gpu_flags) > 10 and loop_fusions(unfused) == 0
 
 
+def test_a_packed_batch_reaches_flax_under_the_names_its_train_step_reads():
+  batch = {name: np.full((2, 4), i, np.int32) for i, name in enumerate(
+      ['sources', 'targets', 'source_segment_ids', 'source_positions', 'target_segment_ids',
+       'target_positions'])}
+  inputs = workload.Flax.inputs(batch)
+  # flax examples/wmt's train_step: batch.get(k) for these keys.
+  assert set(inputs) == {'inputs', 'targets', 'inputs_position', 'targets_position',
+                         'inputs_segmentation', 'targets_segmentation'}
+  assert [int(inputs[name][0, 0]) for name in ('inputs', 'targets', 'inputs_segmentation',
+                                               'inputs_position', 'targets_segmentation',
+                                               'targets_position')] == [0, 1, 2, 3, 4, 5]
+  assert set(workload.Flax.inputs({'sources': batch['sources'], 'targets': batch['targets']})) == {
+      'inputs', 'targets'}
+
+
 def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
   config = workload.load_config(
       "xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger' "
