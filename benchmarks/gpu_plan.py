@@ -148,9 +148,7 @@ def main(argv):
   mesh = h100_mesh()
   jax.default_backend = lambda: 'gpu'  # the config's by-backend choices (attention, loss)
   rows, length = parse_shape(_SHAPE.value)
-  names = ['sources', 'targets'] + (['source_segment_ids', 'source_positions',
-                                      'target_segment_ids', 'target_positions']
-                                     if _PACKED.value else [])
+  names = Flax.INPUT_NAMES if _PACKED.value else ('sources', 'targets')  # a batch's keys
   batch = {name: jax.ShapeDtypeStruct((rows, length), jnp.int32) for name in names}
   modules = import_ours(_OURS.value)
   results = []
