@@ -1,18 +1,20 @@
 r"""Where the training step's time goes: a jax.profiler trace read against XLA's optimized HLO.
 
   python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
-      [--side=ours|flax] [--shape=128x32] [--steps=5] [--top=12] [--name=profile_step]
-      [--keep_trace]
+      [--side=ours|flax] [--shape=128x32] [--packed] [--steps=5] [--top=12]
+      [--name=profile_step] [--keep_trace]
 
 Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
-configs/default.py, with the variant's config overrides; the random batch of vs_flax.py), or with
+configs/default.py, with the variant's config overrides; the random batch of vs_flax.py, or with
+--packed one packed as train.py packs Multi30k's, with segment ids and positions), or with
 --side=flax that of flax's examples/wmt at the same size (see vs_flax.py), under
 `jax.profiler.trace` and adds up the time of each XLA operation the trace records: the thunks a
 CPU runs, or the kernels on an accelerator's timeline (by the HLO operation that launched them).
 Each operation is classed by what its HLO computes, read from the step's optimized HLO:
 matmul (a fusion around a dot), reduction (softmax, LayerNorm, loss sums), layout (copy,
 transpose), elementwise (any other fusion), other. Prints the classes' shares, the heaviest
-operations with the jax op that made them, and the model FLOP/s of the step and of its matmuls
+operations with the jax op that made them, the heaviest jax ops with their layers' operations
+summed, and the model FLOP/s of the step and of its matmuls
 alone (6 FLOPs per parameter and real token, over matmul time) beside the matmul peak of
 measure.py in the model's dtype; on an accelerator also how busy its timeline was within each
 step and how long it idled between steps (`device_timeline`). Writes
@@ -37,9 +39,12 @@ from absl import app, flags
 from benchmarks.hlo import hlo_classes
 from benchmarks.measure import machine, machine_name, matmul_peak, write_results
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,
-                                 import_ours, load_config, parse_shape, random_batch)
+                                 import_ours, load_config, packed_batch, parse_shape,
+                                 random_batch)
 
 _SHAPE = flags.DEFINE_string('shape', '128x32', 'Training batch, rows x length.')
+_PACKED = flags.DEFINE_bool('packed', False, "Rows packed with several pairs, as train.py's "
+                            'batches with packing=True (`workload.packed_batch`).')
 _STEPS = flags.DEFINE_integer('steps', 5, 'Steps traced.')
 _TOP = flags.DEFINE_integer('top', 12, 'Heaviest operations listed.')
 _SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The model\'s config.')
@@ -122,6 +127,8 @@ def library_class(kernel: str) -> tuple[str, str]:
   """The class of a kernel no HLO operation names: cuBLAS's and CUTLASS's matmuls, or unknown."""
   if re.search(r'gemm|nvjet|xmma|cutlass|cublas', kernel):
     return 'matmul', 'a matmul library kernel'
+  if 'cudnn' in kernel:  # in our steps, the attention's
+    return 'unknown', 'a cuDNN kernel'
   return 'unknown', ''
 
 
@@ -144,8 +151,9 @@ def main(argv):
 def measure(paths: dict) -> dict:
   """Traces --steps train steps and sums up the trace."""
   ours = Ours(import_ours(''), load_config(_VARIANT.value, _SIZE.value))
-  batch = random_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
-                       ours.model_config.vocab_size)
+  make_batch = packed_batch if _PACKED.value else random_batch
+  batch = make_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
+                     ours.model_config.vocab_size)
   sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
   side = ours if _SIDE.value == 'ours' else Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
   for _ in range(2):  # compile, and a first step off the clock
@@ -168,7 +176,7 @@ def measure(paths: dict) -> dict:
       with gzip.open(paths['hlo.txt.gz'], 'wt') as f:
         f.write(hlo)
   return {
-      'shape': _SHAPE.value, 'steps': _STEPS.value, 'step_secs': step_secs,
+      'shape': _SHAPE.value + (' packed' if _PACKED.value else ''), 'steps': _STEPS.value, 'step_secs': step_secs,
       'model_flops_per_sec': float(flops / step_secs),
       'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
       'size': _SIZE.value, 'variant': _VARIANT.value, 'side': _SIDE.value,
@@ -183,9 +191,13 @@ def summary(trace: str, hlo: str, steps: int, top: int, flops: float) -> dict:
   classes = {name: classes.get(name) or library_class(name) for name in seconds}
   total = sum(seconds.values())
   by_class, launches = collections.Counter(), collections.Counter()
+  by_op, op_launches = collections.Counter(), collections.Counter()
   for name, s in seconds.items():
     by_class[classes[name][0]] += s
     launches[classes[name][0]] += counts[name] / steps
+    op = (classes[name][0], re.sub(r'layer_\d+', 'layer_N', classes[name][1]))
+    by_op[op] += s
+    op_launches[op] += counts[name] / steps
   return {
       'device_timeline': device_timeline(trace, steps),
       'operation_secs': total,
@@ -195,7 +207,10 @@ def summary(trace: str, hlo: str, steps: int, top: int, flops: float) -> dict:
                   for kind, s in by_class.most_common()},
       'top': [{'name': name, 'class': classes[name][0], 'op': classes[name][1], 'secs': s,
                'share': s / total}
-              for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:top]]}
+              for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:top]],
+      'top_ops': [{'op': op, 'class': kind, 'secs': s, 'share': s / total,
+                   'operations': op_launches[kind, op]}
+                  for (kind, op), s in by_op.most_common(top)]}
 
 
 def markdown(r: dict) -> str:
@@ -224,6 +239,11 @@ def markdown(r: dict) -> str:
             '| --- | --- | --- | --- | --- |']
   lines += [f'| {t["name"]} | {t["class"]} | `{t["op"]}` | {t["secs"]:.4f} | '
             f'{100 * t["share"]:.1f}% |' for t in r['top']]
+  if 'top_ops' in r:
+    lines += ['', "| jax op (every layer's) | class | s per step | share | operations per step |",
+              '| --- | --- | --- | --- | --- |']
+    lines += [f'| `{t["op"]}` | {t["class"]} | {t["secs"]:.4f} | {100 * t["share"]:.1f}% | '
+              f'{t["operations"]:.0f} |' for t in r['top_ops']]
   return '\n'.join(lines) + '\n'
 
 

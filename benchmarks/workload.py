@@ -28,6 +28,7 @@ from ml_collections import config_flags
 
 from transformer import config as config_lib
 from transformer import decode, model
+from transformer.data import batching
 
 CONFIG_FILES = {'multi30k': 'multi30k.py', 'base': 'default.py'}  # in configs/
 
@@ -69,6 +70,29 @@ def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: i
     lengths = rng.integers(length // 2, length + 1, rows)
     tokens[np.arange(rows), lengths - 1] = decode.EOS_ID
     batch[side] = np.where(np.arange(length) < lengths[:, None], tokens, 0).astype(np.int32)
+  return batch
+
+
+def packed_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: int,
+                 pair_lengths: tuple[int, int] = (5, 30)) -> dict:
+  """A batch as train.py's with packing=True: pairs of random words, each side's length uniform in
+  `pair_lengths` (most of Multi30k's sentences are 5-30 tokens long), ending in EOS, packed into
+  rows by the data pipeline's own `batching.pack`, with segment ids (1, 2, ... in a row) and
+  positions (0, 1, ... in a pair); the first `rows` rows it packs."""
+  count = 2 * rows * length // pair_lengths[0]  # more pairs than the rows can hold
+  lengths = {side: rng.integers(pair_lengths[0], pair_lengths[1] + 1, count)
+             for side in ('source', 'target')}
+  packed = batching.pack(lengths['source'], lengths['target'], np.arange(count), length)[:rows]
+  batch = {name: np.zeros((rows, length), np.int32) for name in Flax.INPUT_NAMES}
+  for row, pairs in enumerate(packed):
+    for side in ('source', 'target'):
+      ends = np.cumsum(lengths[side][pairs])
+      starts = ends - lengths[side][pairs]
+      for segment, (start, end) in enumerate(zip(starts, ends), 1):
+        batch[f'{side}s'][row, start:end] = rng.integers(3, vocab_size, end - start)
+        batch[f'{side}s'][row, end - 1] = decode.EOS_ID
+        batch[f'{side}_segment_ids'][row, start:end] = segment
+        batch[f'{side}_positions'][row, start:end] = np.arange(end - start)
   return batch
 
 

@@ -22,6 +22,7 @@ from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
 from transformer import config as config_lib
+from transformer import decode
 from transformer import train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -251,6 +252,38 @@ def test_gpu_kernels_are_counted_under_the_operation_that_launched_them(tmp_path
   assert counts['loop_add_fusion.12'] == 2
 
 
+def test_a_profile_sums_each_jax_op_over_the_layers_and_names_the_libraries_kernels(tmp_path):
+  # Two steps of a GPU trace: one fusion per layer from the same jax op, a cuBLAS and a cuDNN
+  # kernel in the CUDA graph.
+  fusion = lambda index: (
+      f'%fused_add.{index} (p.{index}: f32[8]) -> f32[8] {{\n'
+      f'  %p.{index} = f32[8]{{0}} parameter(0)\n'
+      f'  ROOT %add.{index} = f32[8]{{0}} add(%p.{index}, %p.{index})\n}}\n\n')
+  entry = lambda index: (
+      f'  %loop_add_fusion.{index} = f32[8]{{0}} fusion(%x), kind=kLoop, '
+      f'calls=%fused_add.{index}, metadata={{op_name="jit(step)/layer_{index}/norm/add"}}\n')
+  module = ('HloModule step\n\n' + fusion(0) + fusion(1) +
+            'ENTRY %main (x: f32[8]) -> (f32[8], f32[8]) {\n  %x = f32[8]{0} parameter(0)\n' +
+            entry(0) + entry(1) +
+            '  ROOT %t = (f32[8]{0}, f32[8]{0}) tuple(%loop_add_fusion.0, %loop_add_fusion.1)\n}\n')
+  kernel = lambda name, start, dur: {'ph': 'X', 'pid': 1, 'name': name, 'ts': start, 'dur': dur,
+                                     'args': {'hlo_op': 'command_buffer'}}
+  steps = [[kernel('loop_add_fusion_0', start, 10), kernel('loop_add_fusion_1', start + 10, 20),
+            kernel('nvjet_sm90_tst_128x128', start + 30, 50),
+            kernel('cudnn_generated_fort_native_sdpa_sm90_flash_bprop', start + 80, 40)]
+           for start in (0, 1000)]
+  path = tmp_path / 'trace.json.gz'
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': [{'ph': 'M', 'pid': 1, 'name': 'process_name',
+                                'args': {'name': '/device:GPU:0'}}] + steps[0] + steps[1]}, f)
+  summary = profile_step.summary(str(path), module, steps=2, top=3, flops=1.0)
+  assert [(t['op'], t['class'], t['operations']) for t in summary['top_ops']] == [
+      ('a matmul library kernel', 'matmul', 1), ('a cuDNN kernel', 'unknown', 1),
+      ('jit(step)/layer_N/norm/add', 'elementwise', 2)]
+  assert [t['secs'] for t in summary['top_ops']] == pytest.approx([50e-6, 40e-6, 30e-6])
+  assert summary['operation_secs'] == pytest.approx(120e-6)
+  assert summary['top'][-1]['op'] == 'jit(step)/layer_1/norm/add'  # each operation on its own
+
 def test_the_device_timeline_splits_busy_time_within_steps_from_idle_time_between_them(tmp_path):
   # Two steps on a GPU's timeline, 80 us apart: kernels at 0-10, 5-8 (on another stream, within
   # the first) and 12-20 us, then 100-110 and 110-130 us; a copy and a host event, which do not
@@ -392,6 +425,30 @@ def test_a_packed_batch_reaches_flax_under_the_names_its_train_step_reads():
   assert set(workload.Flax.inputs({'sources': batch['sources'], 'targets': batch['targets']})) == {
       'inputs', 'targets'}
 
+
+def test_a_packed_random_batch_is_laid_out_as_train_pys_packed_batches():
+  batch = workload.packed_batch(np.random.default_rng(0), 12, 64, 320, pair_lengths=(5, 30))
+  assert set(batch) == set(workload.Flax.INPUT_NAMES)
+  assert all(x.shape == (12, 64) and x.dtype == np.int32 for x in batch.values())
+  for side in ('source', 'target'):
+    tokens, segments, positions = (batch[f'{side}s'], batch[f'{side}_segment_ids'],
+                                   batch[f'{side}_positions'])
+    assert ((tokens > 0) == (segments > 0)).all()  # real tokens and only they have a segment
+    assert (tokens < 320).all()
+    for row in range(12):
+      real = segments[row] > 0
+      assert real[:real.sum()].all()  # the pairs first, then padding
+      ids = segments[row][real]
+      # Segments 1, 2, ... back to back, each 5-30 long, counted from position 0, ending in EOS.
+      bounds = np.flatnonzero(np.diff(ids, append=0))
+      assert (ids[bounds] == np.arange(1, len(bounds) + 1)).all()
+      lengths = np.diff(bounds, prepend=-1)
+      assert ((lengths >= 5) & (lengths <= 30)).all()
+      assert (positions[row][real] == np.concatenate([np.arange(n) for n in lengths])).all()
+      assert (tokens[row][bounds] == decode.EOS_ID).all()
+      assert (tokens[row][real][np.setdiff1d(np.arange(real.sum()), bounds)] != decode.EOS_ID).all()
+    assert (batch['source_segment_ids'].max(1) == batch['target_segment_ids'].max(1)).all()
+    assert (segments > 0).mean() > 0.85  # packed: rows nearly full
 
 def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
   config = workload.load_config(
