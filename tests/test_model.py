@@ -1,6 +1,8 @@
 """The model against the paper's section 3: shapes, sizes, masks, packing, cache, dropout, dtypes."""
 
+import flax.linen as nn
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -9,8 +11,9 @@ import pytest
 from configs import default, wmt14
 from transformer import plots
 from transformer import config as config_lib
-from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count, relu,
-                               sinusoidal_encoding)
+from transformer import hash_rng
+from transformer.model import (Dropout, Transformer, TransformerConfig, output_table,
+                               parameter_count, relu, sinusoidal_encoding)
 
 SMALL = TransformerConfig(vocab_size=23, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, max_positions=64)
@@ -347,6 +350,27 @@ def test_relu_and_its_gradient_are_jaxs(dtype):
   np.testing.assert_array_equal(relu(x), jax.nn.relu(x))
   np.testing.assert_array_equal(ours[1], theirs[1])
   assert ours[1][0] == ours[1][1] == ours[1][3] == 0 and ours[1][2] == weights[2]
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize('impl', [hash_rng.IMPL, 'threefry2x32'])
+def test_dropout_and_its_gradient_are_flaxs_with_the_mask_drawn_again(dtype, impl, capsys):
+  x = jax.random.normal(jax.random.key(0), (64, 32)).astype(dtype)
+  weights = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
+  rngs = {'dropout': jax.random.key(3, impl=impl)}
+  loss = lambda module: lambda x: jnp.sum(
+      module.apply({}, x, deterministic=False, rngs=rngs) * weights)
+  ours, theirs = (jax.value_and_grad(loss(module(0.3)))(x) for module in (Dropout, nn.Dropout))
+  np.testing.assert_array_equal(Dropout(0.3).apply({}, x, deterministic=False, rngs=rngs),
+                                nn.Dropout(0.3).apply({}, x, deterministic=False, rngs=rngs))
+  np.testing.assert_allclose(ours[0], theirs[0], atol=1e-4)  # the same terms, another order
+  np.testing.assert_array_equal(ours[1], theirs[1])
+  assert 0.25 < np.mean(ours[1] == 0) < 0.35
+  # What the backward pass keeps from the forward: flax's dropout a boolean mask, ours with a
+  # 'hash' key two words to draw it again from.
+  for module, kept in ((nn.Dropout, True), (Dropout, impl != hash_rng.IMPL)):
+    jax.ad_checkpoint.print_saved_residuals(loss(module(0.3)), x)
+    assert ('bool[64,32]' in capsys.readouterr().out) == kept
 
 
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])

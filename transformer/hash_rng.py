@@ -23,15 +23,25 @@ def _mix(x: jax.Array) -> jax.Array:
   return x ^ (x >> 16)
 
 
-def _bits32(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def mixed_words(key_data: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The two uint32 words that `bits` hashes each index with, from a key's data (uint32[2]): mixed
+  first, so that keys close together (seeds 0, 1, ...) start far apart."""
+  first = _mix(key_data[0] ^ jnp.uint32(0x9E3779B9))
+  return first, _mix(key_data[1] + first)
+
+
+def bits(words: tuple[jax.Array, jax.Array], shape: tuple[int, ...]) -> jax.Array:
+  """uint32 bits of `shape` for a key of these `mixed_words`: what `jax.random.bits` draws."""
   size = int(np.prod(shape))
   if size >= 2**32:
     raise ValueError(f'hash_rng draws at most 2**32 - 1 values per call, not {size} ({shape})')
-  # The key words are mixed first so that keys close together (seeds 0, 1, ...) start far apart.
-  first = _mix(key[0] ^ jnp.uint32(0x9E3779B9))
-  second = _mix(key[1] + first)
+  first, second = words
   index = jax.lax.iota(jnp.uint32, size).reshape(shape)
   return _mix(_mix(index ^ first) + second)
+
+
+def _bits32(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  return bits(mixed_words(key), shape)
 
 
 def _random_bits(key: jax.Array, bit_width: int, shape: tuple[int, ...]) -> jax.Array:

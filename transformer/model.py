@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import hash_rng
+
 Array = jax.Array
 
 
@@ -217,6 +219,50 @@ def relu(x: Array) -> Array:
 relu.defjvps(lambda tangent, out, x: jnp.where(out != 0, tangent, 0))
 
 
+def _hash_keep_mask(words: tuple[Array, Array], keep: float, shape: tuple[int, ...]) -> Array:
+  """jax.random.bernoulli(key, keep, shape) for a 'hash' key of these `hash_rng.mixed_words`,
+  drawn as jax draws it: the bits' top 23 as a float in [0, 1), below `keep`."""
+  mantissas = (hash_rng.bits(words, shape) >> 9) | np.uint32(0x3F800000)  # in [1, 2)
+  return jax.lax.bitcast_convert_type(mantissas, jnp.float32) - 1.0 < keep
+
+
+def _hash_dropped(x: Array, words: tuple[Array, Array], rate: float) -> Array:
+  return jax.lax.select(_hash_keep_mask(words, 1.0 - rate, x.shape), x / (1.0 - rate),
+                        jnp.zeros_like(x))
+
+
+def _hash_dropped_grads(rate: float, words: tuple[Array, Array], grads: Array):
+  # The barrier keeps XLA from finding the forward's draw in this one and keeping it after all.
+  return _hash_dropped(grads, jax.lax.optimization_barrier(words), rate), None
+
+
+# Written out so that the backward pass draws the mask again instead of keeping it: with the 'hash'
+# bits, a few integer operations per element, the draw fuses into the kernels on either side, and
+# the mask is neither written nor read (docs/speed.md).
+_hash_dropout = jax.custom_vjp(_hash_dropped, nondiff_argnums=(2,))
+_hash_dropout.defvjp(lambda x, words, rate: (_hash_dropped(x, words, rate), words),
+                     _hash_dropped_grads)
+
+
+class Dropout(nn.Module):
+  """nn.Dropout(rate) without broadcast dimensions: the same output and gradients for the same
+  'dropout' rng. For a key of transformer/hash_rng.py, the backward pass draws the mask again
+  rather than keeping it (`_hash_dropout`)."""
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    key = self.make_rng('dropout')
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and (
+        jax.random.key_impl(key) == hash_rng.IMPL):
+      return _hash_dropout(x, hash_rng.mixed_words(jax.random.key_data(key)), self.rate)
+    keep = jax.random.bernoulli(key, 1.0 - self.rate, x.shape)
+    return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
+
+
 class FeedForward(nn.Module):
   """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)."""
 
@@ -228,7 +274,7 @@ class FeedForward(nn.Module):
     dense = functools.partial(
         nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
     h = relu(dense(cfg.d_ff, name='hidden')(x))
-    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
+    h = Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
     return dense(cfg.d_model, name='output')(h)
 
 
@@ -242,7 +288,7 @@ class Residual(nn.Module):
     cfg = self.config
     norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
                         param_dtype=cfg.param_dtype, name='norm')
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = Dropout(cfg.dropout_rate)
     if cfg.layer_norm == 'pre':
       return x + dropout(sublayer(norm(x)), deterministic=cfg.deterministic)
     return norm(x + dropout(sublayer(x), deterministic=cfg.deterministic))
@@ -290,7 +336,7 @@ class Embedder(nn.Module):
       x = x + jnp.take(table, positions, axis=0).astype(cfg.dtype)
     else:
       x = x + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.dtype)
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
 def _final_norm(cfg: TransformerConfig, x: Array) -> Array:
