@@ -32,7 +32,8 @@
 # share the GPU with the compilation of the closing translation's programs), profile_base_train
 # (benchmarks.profile_step of base_train's step at its shapes, packed random rows; with _flax
 # flax's step, with _xla_attention XLA's attention instead of cuDNN's, with _separate_loss the
-# loss's separate passes over the logits instead of one), profile_base and
+# loss's separate passes over the logits instead of one, with _before the checkout in $BEFORE, an
+# earlier commit's configs/ and transformer/: a change's effect on the same machine), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
@@ -152,17 +153,18 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
       run "$stage" 150 python3 -m benchmarks.profile_step --size=$size --shape=$shape --steps=3 \
         --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
         --name="${stage}_gpu" ;;
-    profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|profile_base_train_separate_loss)
+    profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|profile_base_train_separate_loss|profile_base_train_before)
       # base_train's step at its shapes: 202 packed rows of 128, vocabulary 16000.
-      side=ours variant='vocab_size=16000 max_length=128 packing=True'
+      side=ours variant='vocab_size=16000 max_length=128 packing=True' ours=
       case $stage in
         *flax) side=flax ;;
         *xla_attention) variant+=' model.attention_implementation=xla' ;;
         *separate_loss) variant+=' loss_reduction=separate' ;;
+        *before) ours=${BEFORE:?BEFORE=DIR: the earlier checkout to profile} ;;
       esac
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=202x128 --packed \
         --variant="$variant" --steps=3 --side=$side --flax_dir="$flax" --top=30 \
-        --output="$out/results" --name="${stage}_gpu" ;;
+        --ours="$ours" --output="$out/results" --name="${stage}_gpu" ;;
     vs_flax_multi30k)
       run vs_flax_multi30k 150 python3 -m benchmarks.vs_flax --train_shapes=64x64 \
         --steps_per_call=1,5 --repeats=10 --variant=xla_flags= \

@@ -2,7 +2,7 @@ r"""Where the training step's time goes: a jax.profiler trace read against XLA's
 
   python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
       [--side=ours|flax] [--shape=128x32] [--packed] [--steps=5] [--top=12]
-      [--name=profile_step] [--keep_trace]
+      [--name=profile_step] [--keep_trace] [--ours=CHECKOUT]
 
 Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
 configs/default.py, with the variant's config overrides; the random batch of vs_flax.py, or with
@@ -14,10 +14,11 @@ Each operation is classed by what its HLO computes, read from the step's optimiz
 matmul (a fusion around a dot), reduction (softmax, LayerNorm, loss sums), layout (copy,
 transpose), elementwise (any other fusion), other. Prints the classes' shares, the heaviest
 operations with the jax op that made them, the heaviest jax ops with their layers' operations
-summed, and the model FLOP/s of the step and of its matmuls
-alone (6 FLOPs per parameter and real token, over matmul time) beside the matmul peak of
-measure.py in the model's dtype; on an accelerator also how busy its timeline was within each
-step and how long it idled between steps (`device_timeline`). Writes
+summed, and the model FLOP/s of the step and of its matmuls alone (6 FLOPs per parameter and real
+token, over matmul time) beside the matmul peak of measure.py in the model's dtype; on an
+accelerator also how busy its timeline was within each step and how long it idled between steps
+(`device_timeline`). With --ours, the model and steps profiled as ours are those of another
+checkout (an earlier commit's `git archive COMMIT configs transformer`, extracted). Writes
 benchmarks/results/<name>.{json,md}; with --keep_trace also the trace (<name>.trace.json.gz) and
 the optimized HLO (<name>.hlo.txt.gz), to read again.
 """
@@ -52,6 +53,9 @@ _VARIANT = flags.DEFINE_string('variant', '', 'Space-separated key=value config 
 _SIDE = flags.DEFINE_enum('side', 'ours', ['ours', 'flax'], 'Whose train step is traced.')
 _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', FLAX_DIR, 'Where flax examples/wmt is (fetched from the flax sdist if absent).')
+_OURS = flags.DEFINE_string(
+    'ours', '', 'A checkout whose configs/ and transformer/ are profiled as ours (default: this '
+    'one).')
 _KEEP_TRACE = flags.DEFINE_bool('keep_trace', False, 'Also write the trace and the HLO.')
 _REREAD = flags.DEFINE_bool(
     'reread', False, 'Sum up the trace and HLO that --keep_trace wrote under --name again, and '
@@ -150,7 +154,7 @@ def main(argv):
 
 def measure(paths: dict) -> dict:
   """Traces --steps train steps and sums up the trace."""
-  ours = Ours(import_ours(''), load_config(_VARIANT.value, _SIZE.value))
+  ours = Ours(import_ours(_OURS.value), load_config(_VARIANT.value, _SIZE.value, _OURS.value))
   make_batch = packed_batch if _PACKED.value else random_batch
   batch = make_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
                      ours.model_config.vocab_size)
@@ -180,6 +184,7 @@ def measure(paths: dict) -> dict:
       'model_flops_per_sec': float(flops / step_secs),
       'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
       'size': _SIZE.value, 'variant': _VARIANT.value, 'side': _SIDE.value,
+      'ours': _OURS.value or 'this checkout',
       'machine': machine(), **results}
 
 
