@@ -25,6 +25,14 @@ def test_each_bit_is_one_half_the_time():
   np.testing.assert_array_less(np.abs(ones - 0.5), SIGMAS * 0.5 / np.sqrt(N))
 
 
+def test_the_bits_of_a_keys_mixed_words_are_the_keys_bits():
+  key = jax.random.fold_in(_key(), 4)
+  words = hash_rng.mixed_words(jax.random.key_data(key))
+  np.testing.assert_array_equal(hash_rng.bits(words, (8, 16)), _bits(key, (8, 16)))
+  other = hash_rng.mixed_words(jax.random.key_data(jax.random.fold_in(_key(), 5)))
+  assert (np.asarray(hash_rng.bits(other, (8, 16))) != _bits(key, (8, 16))).mean() > 0.99
+
+
 def test_dropout_keeps_the_configured_share():
   keep = np.asarray(jax.random.bernoulli(jax.random.fold_in(_key(), 2), 0.9, (N,)))
   assert abs(keep.mean() - 0.9) < SIGMAS * np.sqrt(0.09 / N)
