@@ -29,11 +29,13 @@
 # checkpoint_cost (what a save of the recipe's state costs a loop of Python steps on this host,
 # the checkpoints of this checkout against those of 01db0da, one array per leaf),
 # base_train (train.py with configs/default.py on Multi30k text, 1,000 steps: its first ~30 s
-# share the GPU with the compilation of the closing translation's programs), profile_base_train
+# share the GPU with the compilation of the closing translation's programs; base_train_fused the
+# same with model.norm_implementation=pallas, the fused layer norm kernels), profile_base_train
 # (benchmarks.profile_step of base_train's step at its shapes, packed random rows; with _flax
 # flax's step, with _xla_attention XLA's attention instead of cuDNN's, with _separate_loss the
 # loss's separate passes over the logits instead of one, with _before the checkout in $BEFORE, an
-# earlier commit's configs/ and transformer/: a change's effect on the same machine), profile_base and
+# earlier commit's configs/ and transformer/: a change's effect on the same machine, with _fused
+# the fused layer norm kernels), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
@@ -136,13 +138,15 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
     checkpoint_cost)
       run checkpoint_cost 90 python3 -m benchmarks.checkpoint_cost --baseline=01db0da --rounds=3 \
         --saves=5 --output="$out/results" --label="GPU host" ;;
-    base_train)
-      run base_train 240 python3 train.py --config=configs/default.py --workdir="$work/base" \
+    base_train|base_train_fused)
+      fused=(); [[ $stage == *fused ]] && fused=(--config.model.norm_implementation=pallas)
+      run "$stage" 240 python3 train.py --config=configs/default.py --workdir="$work/$stage" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
         --config.max_length=128 --config.packing=True --config.num_train_steps=1000 \
         --config.log_every_steps=100 --config.eval_every_steps=0 --config.bleu_every_steps=0 \
-        --config.checkpoint_every_secs=0 --config.compilation_cache_dir="$cache"
-      cp "$work/base/metrics.jsonl" "$out/results/base_metrics.jsonl"
+        --config.checkpoint_every_secs=0 --config.compilation_cache_dir="$cache" \
+        ${fused[@]+"${fused[@]}"}
+      cp "$work/$stage/metrics.jsonl" "$out/results/${stage/base_train/base}_metrics.jsonl"
       # The bfloat16 matmul peak right after, for the step's share of it.
       run base_train_peak 60 python3 -c 'import jax.numpy as jnp; from benchmarks import measure
 print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
@@ -153,7 +157,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
       run "$stage" 150 python3 -m benchmarks.profile_step --size=$size --shape=$shape --steps=3 \
         --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
         --name="${stage}_gpu" ;;
-    profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|profile_base_train_separate_loss|profile_base_train_before)
+    profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused)
       # base_train's step at its shapes: 202 packed rows of 128, vocabulary 16000.
       side=ours variant='vocab_size=16000 max_length=128 packing=True' ours=
       case $stage in
@@ -161,6 +165,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         *xla_attention) variant+=' model.attention_implementation=xla' ;;
         *separate_loss) variant+=' loss_reduction=separate' ;;
         *before) ours=${BEFORE:?BEFORE=DIR: the earlier checkout to profile} ;;
+        *fused) variant+=' model.norm_implementation=pallas' ;;
       esac
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=202x128 --packed \
         --variant="$variant" --steps=3 --side=$side --flax_dir="$flax" --top=30 \

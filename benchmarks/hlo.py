@@ -12,6 +12,7 @@ _OPERATION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\(([^)]*)\
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CALLS = re.compile(r'calls=%?([\w.\-]+)')  # the computation a fusion or call runs
 _GEMM = re.compile(r'custom_call_target="[^"]*(gemm|matmul)')  # cuBLAS's matmuls
+_PALLAS_KERNEL = re.compile(r'custom_call_target="__gpu\$xla\.gpu\.triton"')  # Pallas on Triton
 
 
 def _operations(hlo: str) -> dict[str, list[tuple[str, str, str, list[str], str]]]:
@@ -126,9 +127,9 @@ def _bytes_read(body, index: int, whole: int) -> int:
 
 
 def kernel_bytes(hlo: str) -> dict[str, int]:
-  """The bytes that one call of an optimized GPU module's fusion kernels which are not matmuls
-  read and write, by `hlo_classes` class: each output whole, each operand whole or, where the
-  kernel only slices it, the slices.
+  """The bytes that one call of an optimized GPU module's fusion kernels which are not matmuls,
+  and its Pallas kernels ('other'), read and write, by `hlo_classes` class: each output whole,
+  each operand whole or, where a fusion only slices it, the slices.
 
   Such kernels are bound by memory bandwidth, so these bytes over the device's bandwidth bound
   their time from below.
@@ -138,6 +139,10 @@ def kernel_bytes(hlo: str) -> dict[str, int]:
   classes = hlo_classes(hlo)
   moved = collections.Counter()
   for name, shape, opcode, operands, line in bodies.get('ENTRY', []):
+    if _PALLAS_KERNEL.search(line):  # a Pallas kernel of ours: its operands and outputs whole
+      moved['other'] += shape_bytes(shape) + sum(shape_bytes(shapes.get(operand, ''))
+                                                 for operand in operands)
+      continue
     body = _fused(bodies, opcode, line)
     if body is None or classes.get(name, ('other',))[0] == 'matmul':
       continue

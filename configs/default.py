@@ -56,6 +56,9 @@ def get_config():
       layer_norm_epsilon=1e-6,  # not stated in the paper; t2t's value
       # '' = by backend: cuDNN's fused kernel on a GPU in bfloat16 or float16, else XLA's.
       attention_implementation='',
+      # 'xla', or 'pallas': in training, each sub-layer's dropout, residual sum and layer norm in
+      # one kernel each way on a GPU (transformer/fused_norm.py; post-norm, d_model a power of 2).
+      norm_implementation='xla',
       dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs
       param_dtype='float32',
   ))

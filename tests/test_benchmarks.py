@@ -180,6 +180,15 @@ def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
   # are left out.
   assert hlo.kernel_bytes(GPU_HLO) == {'reduction': (8 + 2 + 4 + 3) * 16 * 16 * 4}
   assert hlo.shape_bytes('(bf16[16,64]{1,0}, s8[64]{0}, pred[])') == 16 * 64 * 2 + 64 + 1
+  # A Pallas kernel reads its operands and writes its outputs whole: 2 x 16x64 bfloat16 and two
+  # words read, 16x64 bfloat16 and 16 float32 written.
+  pallas = ('HloModule step\n\nENTRY %main (a: bf16[16,64], b: bf16[16,64], w: u32[2]) -> '
+            '(bf16[16,64], f32[16]) {\n  %a = bf16[16,64]{1,0} parameter(0)\n'
+            '  %b = bf16[16,64]{1,0} parameter(1)\n  %w = u32[2]{0} parameter(2)\n'
+            '  ROOT %pallas_call.1 = (bf16[16,64]{1,0}, f32[16]{0}) custom-call(%w, %a, %b), '
+            'custom_call_target="__gpu$xla.gpu.triton", api_version=API_VERSION_TYPED_FFI\n}\n')
+  assert hlo.kernel_bytes(pallas) == {'other': 3 * 16 * 64 * 2 + 2 * 4 + 16 * 4}
+  assert hlo.kernels_by_class(pallas) == {'other': 1}
 
 
 def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose():
@@ -199,10 +208,16 @@ def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose
                            "or '.[cuda13]')")
 def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
-                  '--shape=16x16', '--variant=', '--variant=xla_flags=', '--flax_dir=',
+                  '--shape=16x16', '--variant=', '--variant=xla_flags=',
+                  '--variant=model.dtype=bfloat16',
+                  '--variant=model.dtype=bfloat16 model.norm_implementation=pallas', '--flax_dir=',
                   f'--output={tmp_path}'], check=True, cwd=ROOT)
-  configured, defaults = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
+  configured, defaults, half, fused = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
   assert configured['kernels']['matmul'] > 0 and defaults['kernels']['matmul'] > 0
+  # The fused layer norm's Triton kernels compile for it too: one per post-norm sub-layer each way
+  # (2 + 2 layers: 2 x 2 + 2 x 3 sub-layers), in place of XLA's reductions around them.
+  assert fused['kernels']['other'] - half['kernels']['other'] == 2 * (2 * 2 + 2 * 3)
+  assert fused['kernels']['reduction'] < half['kernels']['reduction']
   # The configs turn Triton's matmuls off: cuBLAS's return whole weight gradients.
   assert configured['split_k_sums'] == 0
   # And the weights' slices are taken before their matmuls: the step is launched as one CUDA

@@ -98,6 +98,7 @@ BAD_VALUES = [
     ('xla_flags', 'xla_gpu_enable_triton_gemm=false', "'--xla_name=value'"),
     ('xla_flags', '--xla_gpu_autotune_level', "'--xla_name=value'"),
     ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
+    ('model.norm_implementation', 'triton', "'xla', 'pallas'"),
     ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
     ('compound_split_languages', None, 'comma-separated language codes'),
 ]
@@ -240,6 +241,27 @@ def test_attention_implementation_by_backend(monkeypatch, backend):
     config_lib.model_config(small)
   del small.model.attention_implementation  # a config.json from before the key: by backend
   assert config_lib.model_config(small).attention_implementation == 'xla'
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
+def test_the_fused_layer_norm_is_chosen_only_where_its_kernels_run(monkeypatch, backend):
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  config = default.get_config()
+  assert config_lib.model_config(config).norm_implementation == 'xla'
+  config.model.norm_implementation = 'pallas'
+  if backend == 'gpu':
+    assert config_lib.model_config(config).norm_implementation == 'pallas'
+  else:
+    with pytest.raises(config_lib.ConfigError, match=r"norm_implementation='pallas'.*cpu.*'xla'"):
+      config_lib.model_config(config)
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
+  for key, value, named in (('layer_norm', 'pre', "'pre'"), ('d_model', 384, '384')):
+    changed = default.get_config()
+    changed.model.update({'norm_implementation': 'pallas', key: value})
+    with pytest.raises(config_lib.ConfigError, match=f'norm_implementation.*now {named}'):
+      config_lib.model_config(changed)
+  del config.model.norm_implementation  # a config.json from before the key
+  assert config_lib.model_config(config).norm_implementation == 'xla'
 
 
 @pytest.mark.parametrize('languages,target,split', [

@@ -107,6 +107,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_choice(config, 'model.positional_encoding', ('sinusoidal', 'learned'))
   if 'attention_implementation' in config.model:
     _check_choice(config, 'model.attention_implementation', ('', 'xla', 'cudnn'))
+  if 'norm_implementation' in config.model:
+    _check_choice(config, 'model.norm_implementation', ('xla', 'pallas'))
   _check_choice(config, 'model.layer_norm', ('post', 'pre'))
   _check_choice(config, 'model.dtype', tuple(DTYPES))
   _check_choice(config, 'model.param_dtype', tuple(DTYPES))
@@ -197,6 +199,7 @@ def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
   model['dtype'] = DTYPES[model['dtype']]
   model['param_dtype'] = DTYPES[model['param_dtype']]
   model['attention_implementation'] = attention_implementation(config)
+  model['norm_implementation'] = norm_implementation(config)
   return TransformerConfig(vocab_size=config.vocab_size,
                            attention_projection=attention_projection(config), **model)
 
@@ -222,6 +225,20 @@ def attention_implementation(config: ml_collections.ConfigDict) -> str:
           f'd_model / num_heads a multiple of 8 up to 128 (now {depth}); '
           "use 'xla' or '' (by backend)")
   return chosen or ('cudnn' if usable else 'xla')
+
+
+def norm_implementation(config: ml_collections.ConfigDict) -> str:
+  """'xla' or 'pallas' (see TransformerConfig); raises ConfigError where the Pallas kernels
+  cannot run. A config.json written before the key existed reads as 'xla'."""
+  chosen = config.model.get('norm_implementation', 'xla')
+  width = config.model.d_model
+  if chosen == 'pallas' and (jax.default_backend() != 'gpu' or config.model.layer_norm != 'post'
+                             or width & (width - 1)):
+    _fail('model.norm_implementation', chosen,
+          f'the fused layer norm kernels need a GPU (this backend: {jax.default_backend()}), '
+          f"model.layer_norm='post' (now {config.model.layer_norm!r}) and model.d_model a power "
+          f"of 2 (now {width}); use 'xla'")
+  return chosen
 
 
 def attention_projection(config: ml_collections.ConfigDict) -> str:

@@ -30,14 +30,19 @@ def mixed_words(key_data: jax.Array) -> tuple[jax.Array, jax.Array]:
   return first, _mix(key_data[1] + first)
 
 
+def bits_of_index(index: jax.Array, words: tuple[jax.Array, jax.Array]) -> jax.Array:
+  """The uint32 bits of the elements at these flat (row-major) indices, for a key of these
+  `mixed_words`."""
+  first, second = words
+  return _mix(_mix(index ^ first) + second)
+
+
 def bits(words: tuple[jax.Array, jax.Array], shape: tuple[int, ...]) -> jax.Array:
   """uint32 bits of `shape` for a key of these `mixed_words`: what `jax.random.bits` draws."""
   size = int(np.prod(shape))
   if size >= 2**32:
     raise ValueError(f'hash_rng draws at most 2**32 - 1 values per call, not {size} ({shape})')
-  first, second = words
-  index = jax.lax.iota(jnp.uint32, size).reshape(shape)
-  return _mix(_mix(index ^ first) + second)
+  return bits_of_index(jax.lax.iota(jnp.uint32, size).reshape(shape), words)
 
 
 def _bits32(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:

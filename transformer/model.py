@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import hash_rng
+from transformer import fused_norm, hash_rng
 
 Array = jax.Array
 
@@ -46,6 +46,9 @@ class TransformerConfig:
   # 'heads': flax DenseGeneral's product over the head axes of the attention's projections;
   # 'matrix': one matrix product each, the same kernels (see _matrix_product).
   attention_projection: str = 'heads'
+  # 'xla', or 'pallas': in training, each post-norm sub-layer's dropout, residual sum and layer
+  # norm in one Pallas kernel each way (transformer/fused_norm.py; a GPU, d_model a power of 2).
+  norm_implementation: str = 'xla'
   dtype: Any = jnp.float32  # computation
   param_dtype: Any = jnp.float32  # storage
   deterministic: bool = True  # False: apply dropout (needs a 'dropout' rng)
@@ -244,10 +247,26 @@ _hash_dropout.defvjp(lambda x, words, rate: (_hash_dropped(x, words, rate), word
                      _hash_dropped_grads)
 
 
+def _hash_words(key: Array) -> tuple[Array, Array] | None:
+  """`hash_rng.mixed_words` of a key of transformer/hash_rng.py, None for another generator's."""
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and (
+      jax.random.key_impl(key) == hash_rng.IMPL):
+    return hash_rng.mixed_words(jax.random.key_data(key))
+  return None
+
+
+def dropout(x: Array, key: Array, rate: float) -> Array:
+  """nn.Dropout's output for this key; a 'hash' key's mask is drawn again in the backward pass
+  rather than kept (`_hash_dropout`)."""
+  if (words := _hash_words(key)) is not None:
+    return _hash_dropout(x, words, rate)
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
 class Dropout(nn.Module):
   """nn.Dropout(rate) without broadcast dimensions: the same output and gradients for the same
-  'dropout' rng. For a key of transformer/hash_rng.py, the backward pass draws the mask again
-  rather than keeping it (`_hash_dropout`)."""
+  'dropout' rng (`dropout`)."""
 
   rate: float
 
@@ -255,12 +274,27 @@ class Dropout(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     if deterministic or self.rate == 0.0:
       return x
-    key = self.make_rng('dropout')
-    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and (
-        jax.random.key_impl(key) == hash_rng.IMPL):
-      return _hash_dropout(x, hash_rng.mixed_words(jax.random.key_data(key)), self.rate)
-    keep = jax.random.bernoulli(key, 1.0 - self.rate, x.shape)
-    return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
+    return dropout(x, self.make_rng('dropout'), self.rate)
+
+
+class _DropoutKey(nn.Module):
+  """The key a `Dropout` at this module's path draws."""
+
+  @nn.compact
+  def __call__(self) -> Array:
+    return self.make_rng('dropout')
+
+
+class _LayerNormParameters(nn.Module):
+  """nn.LayerNorm's parameters for `features`, at this module's path: (scale, bias)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, features: int) -> tuple[Array, Array]:
+    shape, dtype = (features,), self.config.param_dtype
+    return (self.param('scale', nn.initializers.ones, shape, dtype),
+            self.param('bias', nn.initializers.zeros, shape, dtype))
 
 
 class FeedForward(nn.Module):
@@ -286,12 +320,23 @@ class Residual(nn.Module):
   @nn.compact
   def __call__(self, x: Array, sublayer) -> Array:
     cfg = self.config
-    norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
-                        param_dtype=cfg.param_dtype, name='norm')
-    dropout = Dropout(cfg.dropout_rate)
+    norm = functools.partial(nn.LayerNorm, epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
+                             param_dtype=cfg.param_dtype, name='norm')
     if cfg.layer_norm == 'pre':
-      return x + dropout(sublayer(norm(x)), deterministic=cfg.deterministic)
-    return norm(x + dropout(sublayer(x), deterministic=cfg.deterministic))
+      return x + Dropout(cfg.dropout_rate)(sublayer(norm()(x)), deterministic=cfg.deterministic)
+    out = sublayer(x)
+    if cfg.norm_implementation == 'pallas' and not cfg.deterministic:
+      # transformer/fused_norm.py, with nn.LayerNorm's parameters and Dropout's key at their paths.
+      scale, bias = _LayerNormParameters(cfg, name='norm')(x.shape[-1])
+      key_data, rate = None, cfg.dropout_rate
+      if rate > 0:
+        key = _DropoutKey(name='Dropout_0')()
+        if _hash_words(key) is None:  # another generator: its dropout on its own
+          out, rate = dropout(out, key, rate), 0.0
+        else:
+          key_data = jax.random.key_data(key)
+      return fused_norm.post_norm(x, out, scale, bias, key_data, rate, cfg.layer_norm_epsilon)
+    return norm()(x + Dropout(cfg.dropout_rate)(out, deterministic=cfg.deterministic))
 
 
 class EncoderLayer(nn.Module):
