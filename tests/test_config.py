@@ -276,12 +276,21 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   stored = json.loads(tiny.get_config().to_json())
   for key in config_lib.ADDED_KEYS:
     del stored[key]
+  for key in trainer.IMPLEMENTATION_KEYS:  # added to the model's keys
+    del stored['model'][key]
   (tmp_path / 'config.json').write_text(json.dumps(stored))
   config = config_lib.load_workdir_config(str(tmp_path))
   assert {key: config[key] for key in config_lib.ADDED_KEYS} == config_lib.ADDED_KEYS
+  assert config_lib.model_config(config).norm_implementation == 'xla'
   tiny_config = tiny.get_config()
   trainer.check_and_write_config(tiny_config, str(tmp_path))  # resumes: no conflicting key
   assert config_lib.load_workdir_config(str(tmp_path)) == tiny_config
+  # How the model computes may change on resuming; what it computes may not.
+  tiny_config.model.update(norm_implementation='pallas', attention_implementation='xla')
+  trainer.check_and_write_config(tiny_config, str(tmp_path))
+  tiny_config.model.d_ff *= 2
+  with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=.* conflicts'):
+    trainer.check_and_write_config(tiny_config, str(tmp_path))
 
 
 def test_the_multi30k_config_quotes_its_measured_results():

@@ -29,6 +29,9 @@ from transformer.files import write_atomically
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
 RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang')
+# Model keys that choose how the model computes, not what: a resumed run may change them, and a
+# config.json from before they existed lacks them.
+IMPLEMENTATION_KEYS = ('attention_implementation', 'norm_implementation')
 # Keys that set the order of the training batches: a resumed run may change them (say, after a
 # move to fewer devices) but then no longer sees the batches an uninterrupted run would.
 DATA_ORDER_KEYS = ('seed', 'packing', 'tokens_per_batch', 'grad_accum_steps', 'max_length',
@@ -52,6 +55,8 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
       old, new = stored.get(key), current[key]
       if isinstance(new, dict):
         for sub in sorted(set(new) | set(old or {})):
+          if key == 'model' and sub in IMPLEMENTATION_KEYS:
+            continue
           if (old or {}).get(sub) != new.get(sub):
             raise config_lib.ConfigError(
                 f'config.{key}.{sub}={new.get(sub)!r} conflicts with {(old or {}).get(sub)!r} '
