@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu_speed.sh MULTI30K_DIR FLAX_WMT_DIR OUT STAGE...
 #
-# STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), loss_check (the
+# STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), fused_norm_check
+# (transformer/fused_norm.py's tests, its Triton kernels compiled for the GPU), loss_check (the
 # online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls off, XLA's
 # merging of matmuls that share an input off, the weights sliced before their matmuls),
@@ -84,6 +85,8 @@ for stage in "$@"; do
   case $stage in
     cudnn_check)
       run cudnn_check 90 python3 -m pytest -q -p no:cacheprovider tests/test_model.py -k cudnn ;;
+    fused_norm_check)
+      run fused_norm_check 120 python3 -m pytest -q -p no:cacheprovider tests/test_fused_norm.py ;;
     loss_check)
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
     vs_flax_base)
