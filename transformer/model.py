@@ -247,19 +247,17 @@ _hash_dropout.defvjp(lambda x, words, rate: (_hash_dropped(x, words, rate), word
                      _hash_dropped_grads)
 
 
-def _hash_words(key: Array) -> tuple[Array, Array] | None:
-  """`hash_rng.mixed_words` of a key of transformer/hash_rng.py, None for another generator's."""
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and (
-      jax.random.key_impl(key) == hash_rng.IMPL):
-    return hash_rng.mixed_words(jax.random.key_data(key))
-  return None
+def _is_hash_key(key: Array) -> bool:
+  """Whether `key` is a typed key of transformer/hash_rng.py's generator."""
+  return jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and (
+      jax.random.key_impl(key) == hash_rng.IMPL)
 
 
 def dropout(x: Array, key: Array, rate: float) -> Array:
   """nn.Dropout's output for this key; a 'hash' key's mask is drawn again in the backward pass
   rather than kept (`_hash_dropout`)."""
-  if (words := _hash_words(key)) is not None:
-    return _hash_dropout(x, words, rate)
+  if _is_hash_key(key):
+    return _hash_dropout(x, hash_rng.mixed_words(jax.random.key_data(key)), rate)
   keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
   return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
@@ -331,10 +329,10 @@ class Residual(nn.Module):
       key_data, rate = None, cfg.dropout_rate
       if rate > 0:
         key = _DropoutKey(name='Dropout_0')()
-        if _hash_words(key) is None:  # another generator: its dropout on its own
-          out, rate = dropout(out, key, rate), 0.0
-        else:
+        if _is_hash_key(key):
           key_data = jax.random.key_data(key)
+        else:  # another generator: its dropout on its own
+          out, rate = dropout(out, key, rate), 0.0
       return fused_norm.post_norm(x, out, scale, bias, key_data, rate, cfg.layer_norm_epsilon)
     return norm()(x + Dropout(cfg.dropout_rate)(out, deterministic=cfg.deterministic))
 
