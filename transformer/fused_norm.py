@@ -29,14 +29,12 @@ from transformer import hash_rng
 Array = jax.Array
 
 
-def _keep_mask(key_ref, block: int, rows: int, width: int, threshold: int) -> Array:
-  """Dropout's keep mask of a block of rows: `model._hash_keep_mask` of the flat index."""
+def _keep_mask(key_ref, block: int, rows: int, width: int, rate: float) -> Array:
+  """Dropout's keep mask of a block of rows, as `model.dropout` draws it over the flat index."""
   row = jax.lax.broadcasted_iota(jnp.uint32, (rows, width), 0) + (block * rows).astype(jnp.uint32)
   column = jax.lax.broadcasted_iota(jnp.uint32, (rows, width), 1)
   words = hash_rng.mixed_words([key_ref[0], key_ref[1]])  # per program: a few operations
-  bits = hash_rng.bits_of_index(row * jnp.uint32(width) + column, words)
-  # The top 23 bits as a float in [0, 1) below keep: below this integer, exactly.
-  return (bits >> 9) < jnp.uint32(threshold)
+  return hash_rng.kept(hash_rng.bits_of_index(row * jnp.uint32(width) + column, words), 1.0 - rate)
 
 
 def _dropped(value: Array, keep: Array | None, rate: float, dtype) -> Array:
@@ -47,19 +45,19 @@ def _dropped(value: Array, keep: Array | None, rate: float, dtype) -> Array:
   return jnp.where(keep, (value / divisor).astype(dtype).astype(jnp.float32), 0.0)
 
 
-def _sum(key_ref, residual_ref, sublayer_ref, rate: float, threshold: int):
+def _sum(key_ref, residual_ref, sublayer_ref, rate: float):
   """The float32 sum residual + dropout(sublayer) of a block, rounded to the residual's dtype;
   and the keep mask (None without dropout)."""
   rows, width = residual_ref.shape
-  keep = None if rate == 0.0 else _keep_mask(key_ref, pl.program_id(0), rows, width, threshold)
+  keep = None if rate == 0.0 else _keep_mask(key_ref, pl.program_id(0), rows, width, rate)
   dropped = _dropped(sublayer_ref[...].astype(jnp.float32), keep, rate, sublayer_ref.dtype)
   total = residual_ref[...].astype(jnp.float32) + dropped
   return total.astype(residual_ref.dtype).astype(jnp.float32), keep
 
 
 def _forward_kernel(key_ref, residual_ref, sublayer_ref, scale_ref, bias_ref, out_ref, mean_ref,
-                    rstd_ref, *, rate: float, epsilon: float, threshold: int):
-  total, _ = _sum(key_ref, residual_ref, sublayer_ref, rate, threshold)
+                    rstd_ref, *, rate: float, epsilon: float):
+  total, _ = _sum(key_ref, residual_ref, sublayer_ref, rate)
   mean = jnp.mean(total, axis=1)
   centred = total - mean[:, None]
   rstd = jax.lax.rsqrt(jnp.mean(centred * centred, axis=1) + epsilon)
@@ -71,8 +69,8 @@ def _forward_kernel(key_ref, residual_ref, sublayer_ref, scale_ref, bias_ref, ou
 
 def _backward_kernel(key_ref, residual_ref, sublayer_ref, grads_ref, mean_ref, rstd_ref,
                      scale_ref, d_residual_ref, d_sublayer_ref, d_scale_ref, d_bias_ref, *,
-                     rate: float, threshold: int):
-  total, keep = _sum(key_ref, residual_ref, sublayer_ref, rate, threshold)
+                     rate: float):
+  total, keep = _sum(key_ref, residual_ref, sublayer_ref, rate)
   rstd = rstd_ref[...][:, None]
   normalised = (total - mean_ref[...][:, None]) * rstd
   grads = grads_ref[...].astype(jnp.float32)
@@ -113,8 +111,7 @@ def _call(kernel, inputs, outputs, rows: int, width: int, interpret: bool):
 
 def _forward(residual, sublayer, scale, bias, key_data, rate, epsilon, interpret):
   rows, width = residual.shape
-  threshold = int(np.ceil(np.float64(np.float32(1.0 - rate)) * 2**23))
-  kernel = functools.partial(_forward_kernel, rate=rate, epsilon=epsilon, threshold=threshold)
+  kernel = functools.partial(_forward_kernel, rate=rate, epsilon=epsilon)
   out, mean, rstd = _call(
       kernel, [(key_data, 'key'), (residual, 'rows'), (sublayer, 'rows'), (scale, 'vector'),
                (bias, 'vector')],
@@ -127,8 +124,7 @@ def _backward(rate, epsilon, interpret, saved, grads):
   del epsilon  # in the saved statistics
   residual, sublayer, scale, key_data, mean, rstd = saved
   rows, width = residual.shape
-  threshold = int(np.ceil(np.float64(np.float32(1.0 - rate)) * 2**23))
-  kernel = functools.partial(_backward_kernel, rate=rate, threshold=threshold)
+  kernel = functools.partial(_backward_kernel, rate=rate)
   d_residual, d_sublayer, d_scale, d_bias = _call(
       kernel, [(key_data, 'key'), (residual, 'rows'), (sublayer, 'rows'), (grads, 'rows'),
                (mean, 'stats'), (rstd, 'stats'), (scale, 'vector')],

@@ -45,6 +45,13 @@ def bits(words: tuple[jax.Array, jax.Array], shape: tuple[int, ...]) -> jax.Arra
   return bits_of_index(jax.lax.iota(jnp.uint32, size).reshape(shape), words)
 
 
+def kept(bits: jax.Array, keep: float) -> jax.Array:
+  """jax.random.bernoulli(key, keep) from the key's uint32 bits: jax takes their top 23 as a float
+  in [0, 1) and keeps those below float32(keep), which are the integers below this bound."""
+  bound = int(np.ceil(np.float64(np.float32(keep)) * 2**23))
+  return (bits >> 9) < jnp.uint32(bound)
+
+
 def _bits32(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   return bits(mixed_words(key), shape)
 

@@ -222,16 +222,10 @@ def relu(x: Array) -> Array:
 relu.defjvps(lambda tangent, out, x: jnp.where(out != 0, tangent, 0))
 
 
-def _hash_keep_mask(words: tuple[Array, Array], keep: float, shape: tuple[int, ...]) -> Array:
-  """jax.random.bernoulli(key, keep, shape) for a 'hash' key of these `hash_rng.mixed_words`,
-  drawn as jax draws it: the bits' top 23 as a float in [0, 1), below `keep`."""
-  mantissas = (hash_rng.bits(words, shape) >> 9) | np.uint32(0x3F800000)  # in [1, 2)
-  return jax.lax.bitcast_convert_type(mantissas, jnp.float32) - 1.0 < keep
-
-
 def _hash_dropped(x: Array, words: tuple[Array, Array], rate: float) -> Array:
-  return jax.lax.select(_hash_keep_mask(words, 1.0 - rate, x.shape), x / (1.0 - rate),
-                        jnp.zeros_like(x))
+  """nn.Dropout's output for a 'hash' key of these `hash_rng.mixed_words`."""
+  keep = hash_rng.kept(hash_rng.bits(words, x.shape), 1.0 - rate)
+  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
 def _hash_dropped_grads(rate: float, words: tuple[Array, Array], grads: Array):
