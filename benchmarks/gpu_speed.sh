@@ -160,7 +160,8 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
       run "$stage" 150 python3 -m benchmarks.profile_step --size=$size --shape=$shape --steps=3 \
         --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
         --name="${stage}_gpu" ;;
-    profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused)
+    profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|\
+    profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused)
       # base_train's step at its shapes: 202 packed rows of 128, vocabulary 16000.
       side=ours variant='vocab_size=16000 max_length=128 packing=True' ours=
       case $stage in

@@ -180,7 +180,8 @@ def measure(paths: dict) -> dict:
       with gzip.open(paths['hlo.txt.gz'], 'wt') as f:
         f.write(hlo)
   return {
-      'shape': _SHAPE.value + (' packed' if _PACKED.value else ''), 'steps': _STEPS.value, 'step_secs': step_secs,
+      'shape': _SHAPE.value + (' packed' if _PACKED.value else ''), 'steps': _STEPS.value,
+      'step_secs': step_secs,
       'model_flops_per_sec': float(flops / step_secs),
       'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
       'size': _SIZE.value, 'variant': _VARIANT.value, 'side': _SIDE.value,
