@@ -153,8 +153,8 @@ class PreviousTokenScorer:
     self.table = jnp.log(jnp.asarray(table))
     self.initial_cache = jnp.zeros(rows)  # nothing to remember
 
-  def log_probs(self, cache, tokens):
-    return self.table[tokens], cache
+  def logits(self, cache, tokens):
+    return self.table[tokens], cache  # log-probabilities are logits too
 
   reorder = resize = staticmethod(lambda cache, _: cache)
 
@@ -169,6 +169,7 @@ def test_a_longer_hypothesis_found_after_beam_finished_ones_wins(beam_size):
                     [tiny, 0.30, tiny, tiny, 0.70],   # after A
                     [tiny, 0.99, tiny, tiny, tiny],   # after B
                     [tiny, 0.99, tiny, tiny, tiny]])  # after C
+  table /= table.sum(1, keepdims=True)  # probabilities: the search normalizes the scorer's logits
   limit, alpha = 6, 2.0
   scorer = PreviousTokenScorer(table, beam_size)
   tokens, scores, _ = jax.jit(decode.search, static_argnums=(0, 2, 3, 4))(
@@ -202,3 +203,27 @@ def test_top_k_by_blocks_is_lax_top_k_ties_included(rows, n, k, block):
     want_values, want_indices = jax.lax.top_k(x, k)
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(indices, want_indices)
+
+
+@pytest.mark.parametrize('beam,vocab,k', [(4, 16000, 8), (3, 37, 6), (64, 4, 128)])
+def test_best_continuations_are_top_k_over_every_normalized_candidate(beam, vocab, k):
+  batch, rng = 5, np.random.default_rng(vocab)
+  logits = rng.normal(size=(batch * beam, vocab)).astype(np.float32) * 4
+  logits[:beam] = logits[0]  # a first step: every beam the same row, all but one empty
+  live = rng.normal(size=(batch, beam)).astype(np.float32) - 10
+  live[0, 1:] = decode.NEG_INF
+  at_limit = np.array([False, True, False, True, False])[:, None, None]
+  best, beams, tokens = jax.jit(decode.best_continuations, static_argnums=3)(
+      logits, live, at_limit, k)
+
+  log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, vocab)
+  ids = np.arange(vocab)
+  allowed = (ids != decode.PAD_ID) & ~(at_limit & (ids != decode.EOS_ID))
+  candidates = live[:, :, None] + np.where(allowed, log_probs, decode.NEG_INF)
+  want_best, want_ids = jax.lax.top_k(candidates.reshape(batch, -1), k)
+  np.testing.assert_array_equal(beams, want_ids // vocab)
+  np.testing.assert_array_equal(tokens, want_ids % vocab)
+  np.testing.assert_allclose(best, want_best, rtol=1e-6)
+  # At the limit only EOS, once per live beam, then disallowed tokens at live + NEG_INF.
+  assert (np.asarray(tokens[1, :beam]) == decode.EOS_ID).all()
+  assert (np.asarray(best[1, beam:]) < decode.NEG_INF / 2).all()

@@ -47,12 +47,12 @@ class _Scorer:
                                     method=Transformer.decode, mutable=['cache'])
     self.initial_cache = variables['cache']
 
-  def log_probs(self, cache, tokens):
-    """(log-probabilities [rows, vocab] of the next token after `tokens` [rows], new cache)."""
+  def logits(self, cache, tokens):
+    """(float32 logits [rows, vocab] of the next token after `tokens` [rows], new cache)."""
     logits, variables = self.model.apply(
         {'params': self.params, 'cache': cache}, self.encoded, self.sources, tokens[:, None],
         method=Transformer.decode, mutable=['cache'])
-    return jax.nn.log_softmax(logits[:, 0]), variables['cache']
+    return logits[:, 0], variables['cache']
 
   @staticmethod
   def reorder(cache, rows):
@@ -96,10 +96,45 @@ def top_k(x, k: int, block: int = 128):
   return values, block_of * block + positions % block
 
 
-def _allowed(log_probs, at_limit):
-  """Never the pad id; at the length limit only EOS (keeping its own probability)."""
-  ids = jnp.arange(log_probs.shape[-1])
-  return jnp.where((ids == PAD_ID) | (at_limit & (ids != EOS_ID)), NEG_INF, log_probs)
+def _allowed(ids, at_limit):
+  """Never the pad id; at the length limit only EOS."""
+  return (ids != PAD_ID) & ~(at_limit & (ids != EOS_ID))
+
+
+def best_continuations(logits, live_log_probs, at_limit, k: int):
+  """The k best allowed continuations of each sentence's live hypotheses.
+
+  `lax.top_k` over `live_log_probs + log_softmax(logits)` [batch, beam * vocab], without that
+  array: each beam's row differs from its log-probabilities by one constant, so the k best of
+  the row hold the beam's share of the k best, and only those k are normalized. The [rows,
+  vocab] log-probabilities and candidates are then never written: passes that, on CPUs, took
+  about as long as the rest of the step outside the output projection.
+
+  Args:
+    logits: [batch * beam, vocab] float32, rows of one sentence next to each other.
+    live_log_probs: [batch, beam] the live hypotheses' log-probabilities.
+    at_limit: [batch, 1, 1] True where only EOS may come next (`_allowed`).
+    k: how many.
+
+  Returns:
+    (log-probabilities [batch, k] of the hypotheses extended, descending, disallowed tokens at
+    live + NEG_INF; their beams [batch, k]; their tokens [batch, k]), in lax.top_k's order, ties
+    to the lower beam then token, but for log-probabilities that round equal from unequal logits.
+  """
+  batch, beam = live_log_probs.shape
+  logits = logits.reshape(batch, beam, -1)
+  vocab = logits.shape[-1]
+  # log_softmax's own arithmetic (jax.nn.log_softmax), for the k best only.
+  row_max = logits.max(-1, keepdims=True)
+  log_sum = jnp.log(jnp.exp(logits - row_max).sum(-1, keepdims=True))
+  ranked = jnp.where(_allowed(jnp.arange(vocab), at_limit), logits, -jnp.inf)
+  row_k = min(k, vocab)
+  values, tokens = top_k(ranked.reshape(batch * beam, vocab), row_k)
+  values, tokens = values.reshape(batch, beam, row_k), tokens.reshape(batch, beam, row_k)
+  log_probs = jnp.where(_allowed(tokens, at_limit), (values - row_max) - log_sum, NEG_INF)
+  best, position = jax.lax.top_k((live_log_probs[:, :, None] + log_probs).reshape(batch, -1), k)
+  token = jnp.take_along_axis(tokens.reshape(batch, -1), position, axis=1)
+  return best, position // row_k, token
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'extra_length'))
@@ -121,9 +156,9 @@ def greedy_search(config: TransformerConfig, params, sources, extra_length: int 
 
   def step(carry, position):
     cache, token, done = carry
-    log_probs, cache = scorer.log_probs(cache, token)
-    log_probs = _allowed(log_probs, (position + 1 >= limits)[:, None])
-    token = jnp.where(done, 0, jnp.argmax(log_probs, -1))
+    logits, cache = scorer.logits(cache, token)
+    allowed = _allowed(jnp.arange(logits.shape[-1]), (position + 1 >= limits)[:, None])
+    token = jnp.where(done, 0, jnp.argmax(jnp.where(allowed, logits, -jnp.inf), -1))
     return (cache, token, done | (token == EOS_ID)), token
 
   init = (scorer.initial_cache, jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
@@ -158,7 +193,7 @@ def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, 
 
 def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
   """Beam search over any scorer with `_Scorer`'s interface: `initial_cache` for batch * beam
-  rows, `log_probs(cache, tokens)`, `reorder(cache, rows)` and `resize(cache, length)`. `limits`
+  rows, `logits(cache, tokens)`, `reorder(cache, rows)` and `resize(cache, length)`. `limits`
   [batch] are the longest outputs; the search runs in stages, its cache resized to each stage's
   end, the last end being the output length."""
   batch, length = limits.shape[0], stage_ends[-1]
@@ -179,14 +214,10 @@ def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
     last = jax.lax.dynamic_index_in_dim(live_tokens, jnp.maximum(position - 1, 0), axis=2,
                                         keepdims=False)
     last = jnp.where(position == 0, 0, last)  # the start symbol
-    log_probs, cache = scorer.log_probs(cache, last.reshape(-1))
-    log_probs = log_probs.reshape(batch, beam_size, -1)
-    log_probs = _allowed(log_probs, (position + 1 >= limits)[:, None, None])
-    vocab = log_probs.shape[-1]
-    candidates = (live_log_probs[:, :, None] + log_probs).reshape(batch, -1)
+    logits, cache = scorer.logits(cache, last.reshape(-1))
     # 2 * beam candidates always leave at least `beam` that do not end with EOS.
-    top_log_probs, top_ids = top_k(candidates, 2 * beam_size)
-    top_beams, top_tokens = top_ids // vocab, top_ids % vocab
+    top_log_probs, top_beams, top_tokens = best_continuations(
+        logits, live_log_probs, (position + 1 >= limits)[:, None, None], 2 * beam_size)
     top_sequences = _gather_beams(live_tokens, top_beams)
     top_sequences = jax.lax.dynamic_update_index_in_dim(top_sequences, top_tokens, position, 2)
     ends = top_tokens == EOS_ID
