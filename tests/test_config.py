@@ -93,7 +93,7 @@ BAD_VALUES = [
     ('compilation_cache_dir', None, 'directory or empty'),
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
     ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
-    ('loss_reduction', 'fused', "'separate', 'online'"),
+    ('loss_reduction', 'fused', "'separate', 'online', 'pallas'"),
     ('attention_projection', 'einsum', "'matrix', 'heads'"),
     ('xla_flags', 'xla_gpu_enable_triton_gemm=false', "'--xla_name=value'"),
     ('xla_flags', '--xla_gpu_autotune_level', "'--xla_name=value'"),
@@ -213,7 +213,7 @@ def test_loss_and_decode_batch_default_by_backend(monkeypatch, backend):
   assert config_lib.loss_chunk(config) == (256 if on_cpu else None)
   devices = config_lib.jax.local_device_count()
   assert config_lib.decode_batch_tokens(config) == (1950 // devices if on_cpu else 2**17)
-  assert config_lib.online_loss(config) == (backend == 'gpu')
+  assert config_lib.loss_reduction(config) == ('online' if backend == 'gpu' else 'separate')
   assert config_lib.model_config(config).attention_projection == ('heads' if on_cpu else 'matrix')
   config.attention_projection = 'matrix'
   assert config_lib.model_config(config).attention_projection == 'matrix'
@@ -221,7 +221,23 @@ def test_loss_and_decode_batch_default_by_backend(monkeypatch, backend):
   assert (config_lib.loss_chunk(config), config_lib.decode_batch_tokens(config)) == (512, 4096)
   for reduction in ('separate', 'online'):
     config.loss_reduction = reduction
-    assert config_lib.online_loss(config) == (reduction == 'online')
+    assert config_lib.loss_reduction(config) == reduction
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
+def test_the_fused_loss_is_chosen_only_where_its_kernel_runs(monkeypatch, backend):
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  config = default.get_config()
+  config.loss_reduction = 'pallas'
+  if backend == 'gpu':
+    assert config_lib.loss_reduction(config) == 'pallas'
+  else:
+    with pytest.raises(config_lib.ConfigError, match=r"loss_reduction='pallas'.*cpu.*'online'"):
+      config_lib.loss_reduction(config)
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
+  config.loss_chunk_tokens = 256
+  with pytest.raises(config_lib.ConfigError, match=r"loss_reduction.*loss_chunk_tokens=0 \(now 256"):
+    config_lib.loss_reduction(config)
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from transformer import loss
+from transformer import fused_loss, loss
 from transformer.model import Transformer, TransformerConfig, output_table, project
 
 
@@ -66,15 +66,18 @@ def _sums_and_grads(sums_fn, states, table):
   return sums, grads
 
 
-@pytest.mark.parametrize('online', [False, True])
-@pytest.mark.parametrize('chunk', [1, 7, 32, 120, 1000, None])  # None: all at once
+@pytest.mark.parametrize('reduction,chunk', [
+    *((reduction, chunk) for reduction in ('separate', 'online')
+      for chunk in (1, 7, 32, 120, 1000, None)),  # None: all at once
+    ('pallas', None), ('pallas', 1000)])  # transformer/fused_loss.py, in Pallas's interpreter
 @pytest.mark.parametrize('real', [None, 0, 20])  # ragged rows, all padding, no padding
 @pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
 def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real,
-                                                                    label_smoothing, online):
+                                                                    label_smoothing, reduction):
   states, table, targets = _problem(real=real)
   full = lambda s, t: loss.token_sums(project(s, t), targets, label_smoothing)
-  chunked = lambda s, t: loss.projected_token_sums(s, t, targets, label_smoothing, chunk, online)
+  chunked = lambda s, t: loss.projected_token_sums(s, t, targets, label_smoothing, chunk,
+                                                   reduction)
   (want, want_grads), (got, got_grads) = (_sums_and_grads(f, states, table)
                                           for f in (full, chunked))
   for name in loss.SUMS:
@@ -85,25 +88,35 @@ def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real
     assert float(got['tokens']) == 0 and not np.any(got_grads[0]) and not np.any(got_grads[1])
 
 
-def test_chunked_sums_without_gradients_and_under_a_scaled_loss():
+@pytest.mark.parametrize('reduction,chunk', [('separate', 16), ('pallas', None)])
+def test_chunked_sums_without_gradients_and_under_a_scaled_loss(reduction, chunk):
   """The forward-only path (evaluation) and a loss scaled after the sums (normalisation)."""
   states, table, targets = _problem()
   want = loss.token_sums(project(states, table), targets, 0.1)
-  got = jax.jit(lambda s, t: loss.projected_token_sums(s, t, targets, 0.1, 16))(states, table)
+  got = jax.jit(lambda s, t: loss.projected_token_sums(s, t, targets, 0.1, chunk, reduction))(
+      states, table)
   for name in loss.SUMS:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5)
   scaled = lambda fn: jax.grad(lambda s: 3.0 * fn(s)['loss'] / fn(s)['tokens'])(states)
   np.testing.assert_allclose(
-      scaled(lambda s: loss.projected_token_sums(s, table, targets, 0.1, 16)),
+      scaled(lambda s: loss.projected_token_sums(s, table, targets, 0.1, chunk, reduction)),
       scaled(lambda s: loss.token_sums(project(s, table), targets, 0.1)),
       rtol=1e-4, atol=1e-7)
 
 
-def test_only_the_loss_carries_a_gradient():
+@pytest.mark.parametrize('reduction,chunk', [('separate', 16), ('pallas', None)])
+def test_only_the_loss_carries_a_gradient(reduction, chunk):
   states, table, targets = _problem()
   for name in ('nll', 'correct', 'tokens'):
-    grad = jax.grad(lambda s: loss.projected_token_sums(s, table, targets, 0.1, 16)[name])(states)
+    grad = jax.grad(lambda s: loss.projected_token_sums(s, table, targets, 0.1, chunk,
+                                                        reduction)[name])(states)
     assert not np.any(grad), name
+
+
+def test_the_pallas_reduction_takes_no_chunks():
+  states, table, targets = _problem()
+  with pytest.raises(ValueError, match="'pallas' loss reduction reads the whole batch.*chunk=16"):
+    loss.projected_token_sums(states, table, targets, 0.1, 16, 'pallas')
 
 
 @pytest.mark.parametrize('variant', [
@@ -127,13 +140,15 @@ def test_projection_of_the_decoder_output_is_the_models_logits(variant):
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5)
 
 
-def test_bfloat16_projection_gradients_are_float32_products_of_bfloat16_operands():
+@pytest.mark.parametrize('reduction', ['separate', 'pallas'])
+def test_bfloat16_projection_gradients_are_float32_products_of_bfloat16_operands(reduction):
   """The backward products run on bfloat16 operands (the logits' gradient rounded to bfloat16)
   with float32 sums: within bfloat16 rounding of the float32 gradients, the table's kept float32."""
   states, table, targets = _problem()
   half = states.astype(jnp.bfloat16)
   sums_of = lambda s, t: loss.token_sums(project(s, t), targets, 0.1)['loss']
-  states_grad, table_grad = jax.jit(jax.grad(sums_of, argnums=(0, 1)))(half, table)
+  tested = lambda s, t: loss.projected_token_sums(s, t, targets, 0.1, None, reduction)['loss']
+  states_grad, table_grad = jax.jit(jax.grad(tested, argnums=(0, 1)))(half, table)
   assert states_grad.dtype == jnp.bfloat16 and table_grad.dtype == jnp.float32
   rounded = table.astype(jnp.bfloat16).astype(jnp.float32)
   want_states, want_table = jax.grad(sums_of, argnums=(0, 1))(half.astype(jnp.float32), rounded)
@@ -141,3 +156,22 @@ def test_bfloat16_projection_gradients_are_float32_products_of_bfloat16_operands
                                      jnp.linalg.norm(want))
   assert 1e-5 < relative(states_grad, want_states) < 1e-2
   assert 1e-6 < relative(table_grad, want_table) < 1e-2
+
+
+@pytest.mark.parametrize('grad_dtype', [jnp.float32, jnp.bfloat16])
+def test_the_fused_kernel_reads_long_rows_chunk_by_chunk(grad_dtype):
+  """Rows of several chunks, the last one partial: the online statistics and the gradient are
+  `token_sums`'s, per token."""
+  vocab = 2 * fused_loss.CHUNK + 37
+  rng = np.random.default_rng(5)
+  logits = jnp.asarray(rng.normal(size=(6, vocab)) * 4, jnp.float32)
+  targets = jnp.array([0, 1, 5, vocab - 1, fused_loss.CHUNK, fused_loss.CHUNK * 2 + 3])
+  (losses, nlls, correct), grad = fused_loss.sums_and_gradient(logits, targets, 0.1, grad_dtype)
+  for token in range(6):
+    want = loss.token_sums(logits[token:token + 1], targets[token:token + 1], 0.1)
+    for name, got in (('loss', losses), ('nll', nlls), ('correct', correct)):
+      np.testing.assert_allclose(got[token], want[name], rtol=1e-6, err_msg=name)
+  assert float(losses[0]) == 0.0 and grad.dtype == grad_dtype
+  want_grad = jax.grad(lambda x: loss.token_sums(x, targets, 0.1)['loss'])(logits)
+  tolerance = 1e-6 if grad_dtype == jnp.float32 else 4e-3
+  np.testing.assert_allclose(grad.astype(jnp.float32), want_grad, atol=tolerance, rtol=tolerance)

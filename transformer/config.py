@@ -94,7 +94,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
               'model.max_positions'):
     _check_int(config, key, 1)
   _check_int(config, 'loss_chunk_tokens', 0)
-  _check_choice(config, 'loss_reduction', ('', 'separate', 'online'))
+  _check_choice(config, 'loss_reduction', ('', 'separate', 'online', 'pallas'))
   _check_choice(config, 'attention_projection', ('', 'matrix', 'heads'))
   if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
@@ -266,16 +266,23 @@ def loss_chunk(config: ml_collections.ConfigDict) -> int | None:
   return 256 if jax.default_backend() == 'cpu' else None
 
 
-def online_loss(config: ml_collections.ConfigDict) -> bool:
-  """Whether the loss reads the logits once (`loss.online_token_sums`) or once per statistic.
+def loss_reduction(config: ml_collections.ConfigDict) -> str:
+  """How the loss reads the logits (`loss.projected_token_sums`): 'separate' (once per
+  statistic), 'online' (once forward, `loss.online_token_sums`) or 'pallas' (once, the gradient
+  written in the same program, transformer/fused_loss.py; a GPU, no loss chunks). Raises
+  ConfigError where 'pallas' cannot run.
 
-  config.loss_reduction='' picks by backend: one pass on a GPU, where each pass over the logits
-  is memory-bound; separate passes on a CPU, where XLA's variadic reduction is several times
-  slower, and on a TPU, where the choice is unmeasured.
+  config.loss_reduction='' picks by backend: 'online' on a GPU, where each pass over the logits
+  is memory-bound; 'separate' on a CPU, where XLA's variadic reduction is several times slower,
+  and on a TPU, where the choice is unmeasured.
   """
+  if config.loss_reduction == 'pallas' and (jax.default_backend() != 'gpu' or loss_chunk(config)):
+    _fail('loss_reduction', 'pallas',
+          f'the fused loss kernel needs a GPU (this backend: {jax.default_backend()}) and '
+          f"loss_chunk_tokens=0 (now {config.loss_chunk_tokens}); use 'online' or ''")
   if config.loss_reduction:
-    return config.loss_reduction == 'online'
-  return jax.default_backend() == 'gpu'
+    return config.loss_reduction
+  return 'online' if jax.default_backend() == 'gpu' else 'separate'
 
 
 def decode_batch_tokens(config: ml_collections.ConfigDict) -> int:

@@ -11,7 +11,9 @@ faster (`config.loss_chunk` in transformer/config.py).
 `online_token_sums` gives the same sums in one read of the logits, where `token_sums` reads them
 once per statistic (the max, then each sum): on a GPU each read of [tokens, vocab] float32
 logits is a memory-bound pass (0.8 ms at the paper's base size on an H100), on a CPU the one
-variadic reduction runs slower than the separate ones (`config.loss_reduction`).
+variadic reduction runs slower than the separate ones. Its gradient reads them once more; the
+'pallas' reduction (transformer/fused_loss.py) writes the gradient in the forward's read
+(`config.loss_reduction`).
 """
 
 import functools
@@ -19,9 +21,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from transformer.model import project
+from transformer import fused_loss
+from transformer.model import project, project_gradients
 
 SUMS = ('loss', 'nll', 'correct', 'tokens')
+REDUCTIONS = ('separate', 'online', 'pallas')
 
 
 def token_sums(logits, targets, label_smoothing: float) -> dict:
@@ -117,6 +121,19 @@ def _chunk_sums(states, table, targets, label_smoothing, online):
   return sums['loss'], sums
 
 
+def _fused(states, table, targets, label_smoothing, with_grads):
+  """`_chunked`'s results from the whole batch's logits at once, read once by the Pallas kernel;
+  without gradients, by `online_token_sums`."""
+  logits = project(states, table)
+  if not with_grads:
+    return online_token_sums(logits, targets, label_smoothing), None, None
+  (loss, nll, correct), grad = fused_loss.sums_and_gradient(logits, targets, label_smoothing,
+                                                            states.dtype)
+  sums = {'loss': loss.sum(), 'nll': nll.sum(), 'correct': correct.sum(),
+          'tokens': (targets > 0).sum().astype(jnp.float32)}
+  return (sums, *project_gradients(states, table, grad))
+
+
 def _chunked(states, table, targets, label_smoothing, chunk, online, with_grads):
   """(sums, d loss / d states, d loss / d table) over [tokens, d_model] states, chunk by chunk;
   the gradients are None unless `with_grads`."""
@@ -157,19 +174,26 @@ def _chunked(states, table, targets, label_smoothing, chunk, online, with_grads)
   return sums, states_grad, table_grad
 
 
+def _sums_and_grads(states, table, targets, label_smoothing, chunk, reduction, with_grads):
+  if reduction == 'pallas':
+    return _fused(states, table, targets, label_smoothing, with_grads)
+  return _chunked(states, table, targets, label_smoothing, chunk, reduction == 'online',
+                  with_grads)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _sums(states, table, targets, label_smoothing, chunk, online):
-  return _chunked(states, table, targets, label_smoothing, chunk, online, False)[0]
+def _sums(states, table, targets, label_smoothing, chunk, reduction):
+  return _sums_and_grads(states, table, targets, label_smoothing, chunk, reduction, False)[0]
 
 
-def _sums_forward(states, table, targets, label_smoothing, chunk, online):
-  sums, states_grad, table_grad = _chunked(states, table, targets, label_smoothing, chunk, online,
-                                           True)
+def _sums_forward(states, table, targets, label_smoothing, chunk, reduction):
+  sums, states_grad, table_grad = _sums_and_grads(states, table, targets, label_smoothing, chunk,
+                                                  reduction, True)
   return sums, (states_grad, table_grad)
 
 
-def _sums_backward(label_smoothing, chunk, online, grads, cotangents):
-  del label_smoothing, chunk, online
+def _sums_backward(label_smoothing, chunk, reduction, grads, cotangents):
+  del label_smoothing, chunk, reduction
   scale = cotangents['loss']  # the other sums leave projected_token_sums without a gradient
   states_grad, table_grad = (grad * scale.astype(grad.dtype) for grad in grads)
   return states_grad, table_grad, None
@@ -179,18 +203,22 @@ _sums.defvjp(_sums_forward, _sums_backward)
 
 
 def projected_token_sums(states, table, targets, label_smoothing: float, chunk: int | None,
-                         online: bool = False) -> dict:
+                         reduction: str = 'separate') -> dict:
   """`token_sums(model.project(states, table), targets, label_smoothing)`, `chunk` target
   positions at a time. states [..., d_model], table [vocab, d_model], targets [...] (0 = padding).
   Only 'loss' carries a gradient. With `chunk` None or at least the number of positions, the
   logits are projected at once, without the chunk loop (whose steps run one after another).
-  `online`: each chunk's statistics from one read of its logits (`online_token_sums`)."""
+  `reduction`: 'separate' (`token_sums`), 'online' (`online_token_sums`), or 'pallas' (the whole
+  batch's statistics and gradient from one read of its logits, `fused_loss`; no chunks)."""
   width = states.shape[-1]
   states, targets = states.reshape(-1, width), targets.reshape(-1)
-  if chunk is None or chunk >= targets.size:
-    sums_of = online_token_sums if online else token_sums
+  whole = chunk is None or chunk >= targets.size
+  if reduction == 'pallas' and not whole:
+    raise ValueError(f"the 'pallas' loss reduction reads the whole batch's logits; chunk={chunk}")
+  if reduction != 'pallas' and whole:
+    sums_of = online_token_sums if reduction == 'online' else token_sums
     sums = sums_of(project(states, table), targets, label_smoothing)
   else:
-    sums = _sums(states, table, targets, label_smoothing, chunk, online)
+    sums = _sums(states, table, targets, label_smoothing, chunk, reduction)
   return {name: value if name == 'loss' else jax.lax.stop_gradient(value)
           for name, value in sums.items()}

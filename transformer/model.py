@@ -584,17 +584,24 @@ def _project_forward(states, table):
                     preferred_element_type=jnp.float32)
 
 
-# Written out because autodiff of the forward would multiply the float32 logit gradients with the
-# low-precision operands in float32; these backward products run in the states' dtype too.
+def project_gradients(states: Array, table: Array, grads: Array) -> tuple[Array, Array]:
+  """(d states, d table) of `project(states, table)` for the logits' gradient `grads`.
+
+  The products run in the states' dtype and sum in float32, as the forward's: autodiff of the
+  forward would multiply the float32 logit gradients with low-precision operands in float32.
+  """
+  dtype = states.dtype
+  grads = grads.astype(dtype)
+  return (jnp.einsum('...v,vd->...d', grads, table.astype(dtype),
+                     preferred_element_type=jnp.float32).astype(dtype),
+          jnp.einsum('...v,...d->vd', grads, states,
+                     preferred_element_type=jnp.float32).astype(table.dtype))
+
+
 _low_precision_project = jax.custom_vjp(_project_forward)
 _low_precision_project.defvjp(
     lambda states, table: (_project_forward(states, table), (states, table)),
-    lambda residuals, grads: (
-        jnp.einsum('...v,vd->...d', grads.astype(residuals[0].dtype),
-                   residuals[1].astype(residuals[0].dtype),
-                   preferred_element_type=jnp.float32).astype(residuals[0].dtype),
-        jnp.einsum('...v,...d->vd', grads.astype(residuals[0].dtype), residuals[0],
-                   preferred_element_type=jnp.float32).astype(residuals[1].dtype)))
+    lambda residuals, grads: project_gradients(*residuals, grads))
 
 
 def output_table(params) -> Array:

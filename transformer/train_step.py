@@ -78,10 +78,10 @@ def unpack_state(state: TrainState, params_like) -> TrainState:
                        opt_state=_map_param_trees(unpack, state.opt_state, structure))
 
 
-def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, online, rngs=None):
+def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, reduction, rngs=None):
   states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
   sums = loss.projected_token_sums(states, output_table(params), batch['targets'],
-                                   label_smoothing, chunk, online)
+                                   label_smoothing, chunk, reduction)
   sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
   return sums
 
@@ -95,7 +95,7 @@ class StepFunctions:
     self.eval_model = Transformer(model_config.replace(deterministic=True))
     self.label_smoothing = config.label_smoothing
     self.loss_chunk = config_lib.loss_chunk(config)
-    self.online_loss = config_lib.online_loss(config)
+    self.loss_reduction = config_lib.loss_reduction(config)
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
     self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl
@@ -119,7 +119,7 @@ class StepFunctions:
 
     def loss_sum(params):
       sums = _batch_sums(params, batch, self.train_model, self.label_smoothing, self.loss_chunk,
-                         self.online_loss, {'dropout': rng})
+                         self.loss_reduction, {'dropout': rng})
       return sums['loss'], sums
 
     grads, sums = jax.grad(loss_sum, has_aux=True)(self.params_tree(state.params))
@@ -153,4 +153,4 @@ class StepFunctions:
   def eval_step(self, params, batch):
     """Token sums over the global batch at a packed state's `params`, without dropout."""
     return jax.lax.psum(_batch_sums(self.params_tree(params), batch, self.eval_model,
-                                    self.label_smoothing, self.loss_chunk, self.online_loss), AXIS)
+                                    self.label_smoothing, self.loss_chunk, self.loss_reduction), AXIS)
