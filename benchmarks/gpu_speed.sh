@@ -5,7 +5,8 @@
 #
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), fused_norm_check
 # (transformer/fused_norm.py's tests, its Triton kernels compiled for the GPU), loss_check (the
-# online loss against the separate passes, on the GPU), vs_flax_base (train step at the paper's
+# online loss and the fused loss kernel, transformer/fused_loss.py, against the separate passes,
+# on the GPU), vs_flax_base (train step at the paper's
 # base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls off, XLA's
 # merging of matmuls that share an input off, the weights sliced before their matmuls),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
@@ -31,12 +32,14 @@
 # the checkpoints of this checkout against those of 01db0da, one array per leaf),
 # base_train (train.py with configs/default.py on Multi30k text, 1,000 steps: its first ~30 s
 # share the GPU with the compilation of the closing translation's programs; base_train_fused the
-# same with model.norm_implementation=pallas, the fused layer norm kernels), profile_base_train
+# same with the Pallas kernels, model.norm_implementation=pallas and loss_reduction=pallas),
+# profile_base_train
 # (benchmarks.profile_step of base_train's step at its shapes, packed random rows; with _flax
 # flax's step, with _xla_attention XLA's attention instead of cuDNN's, with _separate_loss the
 # loss's separate passes over the logits instead of one, with _before the checkout in $BEFORE, an
 # earlier commit's configs/ and transformer/: a change's effect on the same machine, with _fused
-# the fused layer norm kernels), profile_base and
+# both Pallas kernels, with _fused_norm the layer norm's alone, with _fused_loss the loss's
+# alone), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
@@ -88,7 +91,8 @@ for stage in "$@"; do
     fused_norm_check)
       run fused_norm_check 120 python3 -m pytest -q -p no:cacheprovider tests/test_fused_norm.py ;;
     loss_check)
-      run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py -k online ;;
+      run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py \
+        -k 'online or pallas' ;;
     vs_flax_base)
       run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 --flax_dir="$flax" \
@@ -142,7 +146,9 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
       run checkpoint_cost 90 python3 -m benchmarks.checkpoint_cost --baseline=01db0da --rounds=3 \
         --saves=5 --output="$out/results" --label="GPU host" ;;
     base_train|base_train_fused)
-      fused=(); [[ $stage == *fused ]] && fused=(--config.model.norm_implementation=pallas)
+      fused=()
+      [[ $stage == *fused ]] && fused=(--config.model.norm_implementation=pallas
+                                       --config.loss_reduction=pallas)
       run "$stage" 240 python3 train.py --config=configs/default.py --workdir="$work/$stage" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
         --config.max_length=128 --config.packing=True --config.num_train_steps=1000 \
@@ -161,7 +167,8 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         --side=$side --flax_dir="$flax" --keep_trace --top=25 --output="$out/results" \
         --name="${stage}_gpu" ;;
     profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|\
-    profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused)
+    profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused|\
+    profile_base_train_fused_norm|profile_base_train_fused_loss)
       # base_train's step at its shapes: 202 packed rows of 128, vocabulary 16000.
       side=ours variant='vocab_size=16000 max_length=128 packing=True' ours=
       case $stage in
@@ -169,7 +176,9 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         *xla_attention) variant+=' model.attention_implementation=xla' ;;
         *separate_loss) variant+=' loss_reduction=separate' ;;
         *before) ours=${BEFORE:?BEFORE=DIR: the earlier checkout to profile} ;;
-        *fused) variant+=' model.norm_implementation=pallas' ;;
+        *fused) variant+=' model.norm_implementation=pallas loss_reduction=pallas' ;;
+        *fused_norm) variant+=' model.norm_implementation=pallas' ;;
+        *fused_loss) variant+=' loss_reduction=pallas' ;;
       esac
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=202x128 --packed \
         --variant="$variant" --steps=3 --side=$side --flax_dir="$flax" --top=30 \
