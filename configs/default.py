@@ -70,7 +70,8 @@ def get_config():
   # a CPU, the whole batch at once on an accelerator (transformer/config.py, loss_chunk).
   config.loss_chunk_tokens = 0
   # How the loss reads the logits (transformer/loss.py): 'separate' passes for the max and each
-  # sum, or 'online', all in one pass. '' = by backend: 'online' on a GPU, 'separate' elsewhere.
+  # sum, 'online', all in one pass, or 'pallas' (a GPU, no chunks), the gradient written in that
+  # pass too (transformer/fused_loss.py). '' = by backend: 'online' on a GPU, 'separate' elsewhere.
   config.loss_reduction = ''
   # How the attention's projections multiply (transformer/model.py): 'matrix', one [d_model, heads
   # * depth] product, whose weight gradient XLA's GPU matmuls return in the kernel's own layout;
