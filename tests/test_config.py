@@ -236,7 +236,8 @@ def test_the_fused_loss_is_chosen_only_where_its_kernel_runs(monkeypatch, backen
       config_lib.loss_reduction(config)
   monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
   config.loss_chunk_tokens = 256
-  with pytest.raises(config_lib.ConfigError, match=r"loss_reduction.*loss_chunk_tokens=0 \(now 256"):
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"loss_reduction.*loss_chunk_tokens=0 \(now 256"):
     config_lib.loss_reduction(config)
 
 

@@ -152,5 +152,6 @@ class StepFunctions:
 
   def eval_step(self, params, batch):
     """Token sums over the global batch at a packed state's `params`, without dropout."""
-    return jax.lax.psum(_batch_sums(self.params_tree(params), batch, self.eval_model,
-                                    self.label_smoothing, self.loss_chunk, self.loss_reduction), AXIS)
+    sums = _batch_sums(self.params_tree(params), batch, self.eval_model, self.label_smoothing,
+                       self.loss_chunk, self.loss_reduction)
+    return jax.lax.psum(sums, AXIS)
