@@ -239,11 +239,17 @@ def test_every_pair_once_per_epoch_with_the_real_token_budget(corpus, packing):
       for side, name in zip(row_tokens[length], ('sources', 'targets')):
         real = (batch[name] > 0).sum(-1).ravel()
         side.extend(real[real > 0].tolist())
-    # Each length's batches have as many rows as hold the budget at that length's mean real
-    # tokens per row, on the side with more.
-    for batch in epoch:
-      _, rows, length = batch['sources'].shape
-      assert rows == budget // max(np.mean(side) for side in row_tokens[length])
+    # A length has as many batches as its rows need at the budget's rows (the budget over that
+    # length's mean real tokens per row, on the side with more), and those batches only as many
+    # rows as share them out: the fullest device leaves none empty but in a batch's last row.
+    for length in row_tokens:
+      batches_of_length = [batch for batch in epoch if batch['sources'].shape[-1] == length]
+      rows = batches_of_length[0]['sources'].shape[1]
+      budget_rows = budget // max(np.mean(side) for side in row_tokens[length])
+      fullest = max(sum(int((batch['sources'][device, :, 0] > 0).sum())
+                        for batch in batches_of_length) for device in range(2))
+      assert len(batches_of_length) == -(-fullest // budget_rows)
+      assert rows == -(-fullest // len(batches_of_length)) <= budget_rows
     epochs.append([pair for batch in epoch for pair in pairs_in(batch)])
     # A device spreads its rows of one length evenly over that length's batches.
     for device in range(2):
