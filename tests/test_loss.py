@@ -159,7 +159,7 @@ def test_bfloat16_projection_gradients_are_float32_products_of_bfloat16_operands
 
 
 @pytest.mark.parametrize('grad_dtype', [jnp.float32, jnp.bfloat16])
-def test_the_fused_kernel_reads_long_rows_chunk_by_chunk(grad_dtype):
+def test_the_pallas_loss_kernel_reads_long_rows_chunk_by_chunk(grad_dtype):
   """Rows of several chunks, the last one partial: the online statistics and the gradient are
   `token_sums`'s, per token."""
   vocab = 2 * fused_loss.CHUNK + 37
