@@ -3,13 +3,13 @@ Pallas kernel that reads each row of float32 logits once.
 
 XLA's fastest loss on a GPU (`loss.online_token_sums`) reads the [tokens, vocab] logits twice: once
 forward for the row statistics, and once backward, where the gradient needs the log-normaliser
-first. Here one program reads a row for its statistics, then again, from the L2 cache where the
-row still is, for its gradient for a loss cotangent of 1, written in the compute dtype for the two
-backward matmuls. At the paper's base size the logits
-are ~1.5 GB a step, so the read saved is ~0.45 ms of an H100's memory time. The gradient is the
-loss's only one (`loss.projected_token_sums`), so the backward pass scales the matmuls' products by
-the cotangent instead of the [tokens, vocab] gradient. No library computes a cross-entropy's
-gradient in its forward pass on GPUs (tokamax's is TPU-only), hence this kernel.
+first. Here one program reads a row for its statistics, then again, most of it from the L2 cache
+while the row is fresh, for its gradient for a loss cotangent of 1, written in the compute dtype
+for the two backward matmuls. At the paper's base size the logits are ~1.5 GB a step, so the read
+saved is ~0.45 ms of an H100's memory time. The gradient is the loss's only one
+(`loss.projected_token_sums`), so the backward pass scales the matmuls' products by the cotangent
+instead of the [tokens, vocab] gradient. No library computes a cross-entropy's gradient in its
+forward pass on GPUs (tokamax's is TPU-only), hence this kernel.
 
 Written on Pallas's Triton lowering (see transformer/fused_norm.py); elsewhere the kernel runs in
 Pallas's interpreter, slowly, for tests.
@@ -28,8 +28,7 @@ CHUNK = 2048  # columns a program holds at a time (Triton's blocks are powers of
 
 def _kernel(logits_ref, targets_ref, loss_ref, nll_ref, correct_ref, grad_ref, *, vocab: int,
             label_smoothing: float):
-  """One row: its statistics over the chunks of its columns, then its gradient chunk by chunk
-  (the second read of a row just read comes mostly from the L2 cache)."""
+  """One row: its statistics over the chunks of its columns, then its gradient chunk by chunk."""
   target = targets_ref[...]
   weight = (target > 0).astype(jnp.float32)
 

@@ -25,7 +25,6 @@ from transformer import fused_loss
 from transformer.model import project, project_gradients
 
 SUMS = ('loss', 'nll', 'correct', 'tokens')
-REDUCTIONS = ('separate', 'online', 'pallas')
 
 
 def token_sums(logits, targets, label_smoothing: float) -> dict:
