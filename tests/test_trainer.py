@@ -307,6 +307,19 @@ def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
       message)
 
 
+@pytest.mark.parametrize('override,message', [
+    ({'loss_reduction': 'pallas'},
+     "config.loss_reduction='pallas': the fused loss kernel needs a GPU"),
+    ({'model.norm_implementation': 'pallas'},
+     "config.model.norm_implementation='pallas': the fused layer norm kernels need a GPU")])
+def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path, override,
+                                                                       message):
+  workdir = tmp_path / 'run'
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    train_in_process(str(workdir), **override)
+  assert not workdir.exists()
+
+
 def test_resuming_with_another_model_is_refused(full_run):
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=128 conflicts with 64 in'):
     train_in_process(full_run, **{'model.d_ff': 128})

@@ -377,13 +377,14 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
   config_lib.validate(config)
   config_lib.use_compilation_cache(config)
+  # The choices made by backend are checked first: a config this backend cannot run leaves the
+  # workdir as it was.
+  model_config = config_lib.model_config(config)
+  steps = train_step.StepFunctions(config, model_config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   check_and_write_config(config, workdir)
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
-
-  model_config = config_lib.model_config(config)
-  steps = train_step.StepFunctions(config, model_config)
   shard = dict(process_index=jax.process_index(), process_count=jax.process_count(),
                num_devices=jax.local_device_count())
   with concurrent.futures.ThreadPoolExecutor(1, 'initial_state') as pool:
