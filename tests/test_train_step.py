@@ -112,39 +112,27 @@ def test_one_device_and_four_devices_make_the_same_update():
   assert _max_difference(one.params, four.params) < 1e-3 * update
 
 
-def test_the_online_loss_makes_the_update_of_the_separate_passes():
-  """config.loss_reduction changes how the loss reads the logits, not the step's result; the
-  whole batch in one chunk, as on a GPU, and in chunks, as on a CPU."""
+@pytest.mark.parametrize('reduction,chunk', [('online', 0), ('online', 16), ('pallas', 0)])
+def test_each_loss_reduction_makes_the_update_of_the_separate_passes(monkeypatch, reduction,
+                                                                     chunk):
+  """config.loss_reduction changes how the loss reads the logits, not the step's result: 'online'
+  with the whole batch in one chunk, as on a GPU, and in chunks, as on a CPU; 'pallas' (a GPU's,
+  its kernel here in Pallas's interpreter) with the gradient written in the forward pass."""
   config, model_config, state, batch = _setup()
   separate, metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
                               jax.local_devices()[:1])
   update = _max_difference(state.params, separate.params)
-  for chunk in (0, 16):
-    config.update(loss_reduction='online', loss_chunk_tokens=chunk)
-    online, online_metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
-                                     jax.local_devices()[:1])
-    for name in ('loss', 'nll', 'correct', 'tokens'):
-      np.testing.assert_allclose(online_metrics[name], metrics[name], rtol=1e-6, err_msg=name)
-    np.testing.assert_allclose(online_metrics['grad_norm'], metrics['grad_norm'], rtol=1e-5)
-    assert _max_difference(separate.params, online.params) < 1e-3 * update
-
-
-def test_the_pallas_loss_makes_the_update_of_the_separate_passes(monkeypatch):
-  """loss_reduction='pallas' (a GPU's, its kernel here in Pallas's interpreter) inside the
-  pmapped step: the gradient written in the forward pass, scaled in the backward pass."""
-  config, model_config, state, batch = _setup()
-  separate, metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
-                              jax.local_devices()[:1])
-  update = _max_difference(state.params, separate.params)
-  monkeypatch.setattr(train_step.config_lib, 'loss_reduction', lambda config: 'pallas')
-  monkeypatch.setattr(train_step.config_lib, 'loss_chunk', lambda config: None)
-  fused, fused_metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
+  config.update(loss_reduction=reduction, loss_chunk_tokens=chunk)
+  if reduction == 'pallas':  # which the config allows on a GPU only, and without chunks
+    monkeypatch.setattr(train_step.config_lib, 'loss_reduction', lambda config: 'pallas')
+    monkeypatch.setattr(train_step.config_lib, 'loss_chunk', lambda config: None)
+  other, other_metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
                                  jax.local_devices()[:1])
   for name in ('loss', 'nll', 'correct', 'tokens'):
-    np.testing.assert_allclose(fused_metrics[name], metrics[name], rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(other_metrics[name], metrics[name], rtol=1e-6, err_msg=name)
   # Adam's step hardly depends on the gradient's scale; its norm does.
-  np.testing.assert_allclose(fused_metrics['grad_norm'], metrics['grad_norm'], rtol=1e-5)
-  assert _max_difference(separate.params, fused.params) < 1e-3 * update
+  np.testing.assert_allclose(other_metrics['grad_norm'], metrics['grad_norm'], rtol=1e-5)
+  assert _max_difference(separate.params, other.params) < 1e-3 * update
 
 
 def test_gradient_accumulation_equals_the_doubled_batch():
