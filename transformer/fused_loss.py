@@ -75,7 +75,6 @@ def _kernel(logits_ref, targets_ref, loss_ref, nll_ref, correct_ref, grad_ref, *
   jax.lax.fori_loop(0, chunks, gradient, 0)
 
 
-@functools.partial(jax.jit, static_argnames=('label_smoothing', 'grad_dtype'))
 def sums_and_gradient(logits: Array, targets: Array, label_smoothing: float, grad_dtype):
   """Per-token sums and the loss's gradient over the logits.
 

@@ -222,10 +222,14 @@ def relu(x: Array) -> Array:
 relu.defjvps(lambda tangent, out, x: jnp.where(out != 0, tangent, 0))
 
 
+def _masked(x: Array, keep: Array, rate: float) -> Array:
+  """nn.Dropout's output for the keep mask `keep`: kept values scaled by 1 / (1 - rate)."""
+  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
 def _hash_dropped(x: Array, words: tuple[Array, Array], rate: float) -> Array:
   """nn.Dropout's output for a 'hash' key of these `hash_rng.mixed_words`."""
-  keep = hash_rng.kept(hash_rng.bits(words, x.shape), 1.0 - rate)
-  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  return _masked(x, hash_rng.kept(hash_rng.bits(words, x.shape), 1.0 - rate), rate)
 
 
 def _hash_dropped_grads(rate: float, words: tuple[Array, Array], grads: Array):
@@ -252,8 +256,7 @@ def dropout(x: Array, key: Array, rate: float) -> Array:
   rather than kept (`_hash_dropout`)."""
   if _is_hash_key(key):
     return _hash_dropout(x, hash_rng.mixed_words(jax.random.key_data(key)), rate)
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  return _masked(x, jax.random.bernoulli(key, 1.0 - rate, x.shape), rate)
 
 
 class Dropout(nn.Module):
