@@ -97,7 +97,7 @@ BAD_VALUES = [
     ('attention_projection', 'einsum', "'matrix', 'heads'"),
     ('xla_flags', 'xla_gpu_enable_triton_gemm=false', "'--xla_name=value'"),
     ('xla_flags', '--xla_gpu_autotune_level', "'--xla_name=value'"),
-    ('model.attention_implementation', 'flash', "'xla', 'cudnn'"),
+    ('model.attention_implementation', 'flash', "'xla', 'cudnn', 'pallas'"),
     ('model.norm_implementation', 'triton', "'xla', 'pallas'"),
     ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
     ('compound_split_languages', None, 'comma-separated language codes'),
@@ -258,6 +258,29 @@ def test_attention_implementation_by_backend(monkeypatch, backend):
     config_lib.model_config(small)
   del small.model.attention_implementation  # a config.json from before the key: by backend
   assert config_lib.model_config(small).attention_implementation == 'xla'
+
+
+@pytest.mark.parametrize('change,wrong', [
+    ({}, None), ({'model.dtype': 'float32'}, 'float32'), ({'max_length': 256}, 'now 256'),
+    ({'model.attention_dropout_rate': 0.1}, 'now 0.1'), ({'model.d_model': 768}, 'now 96'),
+    ({'model.num_heads': 64}, 'now 8')])
+def test_the_fused_attention_is_chosen_only_where_its_kernels_run(monkeypatch, change, wrong):
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
+  config = default.get_config()
+  config.update(max_length=128)  # the default's 256 is longer than the kernels' rows
+  config.model.attention_implementation = 'pallas'
+  for key, value in change.items():
+    node, leaf = (config.model, key[6:]) if key.startswith('model.') else (config, key)
+    node[leaf] = value
+  if wrong is None:
+    assert config_lib.model_config(config).attention_implementation == 'pallas'
+  else:
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"model.attention_implementation='pallas'.*{wrong}.*use 'xla'"):
+      config_lib.model_config(config)
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'cpu')
+  with pytest.raises(config_lib.ConfigError, match=r"this backend: cpu"):
+    config_lib.model_config(config)
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])

@@ -20,6 +20,7 @@ from absl import flags, logging
 from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 from etils import epath
 
+from transformer import fused_attention
 from transformer.model import TransformerConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -106,7 +107,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_real(config, 'model.layer_norm_epsilon', 0.0, 1.0)
   _check_choice(config, 'model.positional_encoding', ('sinusoidal', 'learned'))
   if 'attention_implementation' in config.model:
-    _check_choice(config, 'model.attention_implementation', ('', 'xla', 'cudnn'))
+    _check_choice(config, 'model.attention_implementation', ('', 'xla', 'cudnn', 'pallas'))
   if 'norm_implementation' in config.model:
     _check_choice(config, 'model.norm_implementation', ('xla', 'pallas'))
   _check_choice(config, 'model.layer_norm', ('post', 'pre'))
@@ -205,25 +206,33 @@ def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
 
 
 def attention_implementation(config: ml_collections.ConfigDict) -> str:
-  """'xla' or 'cudnn' (see TransformerConfig); raises ConfigError where cuDNN's cannot run.
+  """'xla', 'cudnn' or 'pallas' (see TransformerConfig); raises ConfigError where the chosen
+  fused kernel cannot run.
 
   config.model.attention_implementation='' picks by backend: cuDNN's fused kernel on a GPU when
   the model computes in bfloat16 or float16 without attention dropout, with heads of a depth that
-  cuDNN takes (a multiple of 8 up to 128), else XLA's. A config.json written before the key
-  existed reads as ''.
+  cuDNN takes (a multiple of 8 up to 128), else XLA's. 'pallas' (transformer/fused_attention.py)
+  needs the same, a depth that is a power of 2 from 16, and max_length up to 128. A config.json
+  written before the key existed reads as ''.
   """
   chosen = config.model.get('attention_implementation', '')
   half = config.model.dtype in ('bfloat16', 'float16')
   depth = config.model.d_model // config.model.num_heads
-  usable = (jax.default_backend() == 'gpu' and half and config.model.attention_dropout_rate == 0
-            and depth % 8 == 0 and depth <= 128)
+  fused = jax.default_backend() == 'gpu' and half and config.model.attention_dropout_rate == 0
+  needs = (f'a GPU (this backend: {jax.default_backend()}), '
+           f"model.dtype bfloat16 or float16 (now {config.model.dtype!r}), "
+           f'model.attention_dropout_rate=0 (now {config.model.attention_dropout_rate}) and ')
+  usable = fused and depth % 8 == 0 and depth <= 128
   if chosen == 'cudnn' and not usable:
     _fail('model.attention_implementation', chosen,
-          f'cuDNN attention needs a GPU (this backend: {jax.default_backend()}), '
-          f"model.dtype bfloat16 or float16 (now {config.model.dtype!r}), "
-          f'model.attention_dropout_rate=0 (now {config.model.attention_dropout_rate}) and '
-          f'd_model / num_heads a multiple of 8 up to 128 (now {depth}); '
-          "use 'xla' or '' (by backend)")
+          f'cuDNN attention needs {needs}d_model / num_heads a multiple of 8 up to 128 '
+          f"(now {depth}); use 'xla' or '' (by backend)")
+  if chosen == 'pallas' and not (fused and depth >= 16 and depth & (depth - 1) == 0 and
+                                 config.max_length <= fused_attention.MAX_LENGTH):
+    _fail('model.attention_implementation', chosen,
+          f'the fused attention kernels need {needs}d_model / num_heads a power of 2 from 16 '
+          f'(now {depth}) and max_length up to {fused_attention.MAX_LENGTH} (now '
+          f"{config.max_length}); use 'xla' or '' (by backend)")
   return chosen or ('cudnn' if usable else 'xla')
 
 

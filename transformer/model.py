@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import fused_norm, hash_rng
+from transformer import fused_attention, fused_norm, hash_rng
 
 Array = jax.Array
 
@@ -40,8 +40,10 @@ class TransformerConfig:
   max_positions: int = 512  # rows of the learned position table
   layer_norm: str = 'post'  # 'post': LayerNorm(x + Sublayer(x)); 'pre': x + Sublayer(LayerNorm(x))
   layer_norm_epsilon: float = 1e-6
-  # 'xla', or 'cudnn': cuDNN's fused attention kernel (a GPU, bfloat16 or float16, no attention
-  # dropout); the decoding cache's one-position steps always run cached_attention.
+  # 'xla'; 'cudnn': cuDNN's fused attention kernel (a GPU, bfloat16 or float16, no attention
+  # dropout); 'pallas': one Pallas kernel each way for rows of up to 128 positions (longer ones
+  # XLA's; transformer/fused_attention.py). The decoding cache's one-position steps always run
+  # cached_attention.
   attention_implementation: str = 'xla'
   # 'heads': flax DenseGeneral's product over the head axes of the attention's projections;
   # 'matrix': one matrix product each, the same kernels (see _matrix_product).
@@ -195,6 +197,9 @@ class MultiHeadAttention(nn.Module):
       # One fused kernel each way instead of XLA's matmuls, mask, softmax and transposes.
       out = jax.nn.dot_product_attention(query, key, value, mask=mask.astype(bool),
                                          implementation='cudnn')
+    elif (out is None and cfg.attention_implementation == 'pallas' and
+          max(query.shape[1], key.shape[1]) <= fused_attention.MAX_LENGTH):
+      out = fused_attention.attention(query, key, value, mask)
     elif out is None:
       dropout_rng = None
       if not cfg.deterministic and cfg.attention_dropout_rate > 0:

@@ -1,0 +1,149 @@
+"""Scaled dot-product attention over rows of up to 128 positions, one Pallas kernel each way.
+
+cuDNN's flash attention (`model.attention_implementation='cudnn'`) walks each row in tiles, with
+an online softmax forward and, backward, a pass for the output's row sums and a float32 query
+gradient accumulated across tiles and converted after: at base_train's 128 positions an H100 ran
+it at ~80 model TFLOP/s, 5.2 ms of a 28 ms step (docs/speed.md). Here one program per (batch row,
+head) holds the whole [queries, keys] score matrix: forward it reads the query, key, value and
+mask once and writes the output and the row log-normalisers; backward it reads them and the
+output's gradient once and writes the three gradients. The mask is [batch, queries, keys] int8,
+read by each head's program from the L2 cache (the heads of a row run side by side). No library
+kernel takes a mask or separate query and key segments (jax's Pallas `mha` takes one segment
+array, for self-attention), hence this kernel.
+
+Written on Pallas's Triton lowering, as transformer/fused_norm.py; elsewhere the kernels run in
+Pallas's interpreter, slowly, for tests.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+Array = jax.Array
+
+MAX_LENGTH = 128  # a [128, 128] float32 score matrix per program; longer rows need tiles
+
+
+def _padded(length: int) -> int:
+  """Triton's blocks are powers of 2, and its matrix products need 16 rows or more."""
+  return max(16, 1 << (length - 1).bit_length())
+
+
+def _dot(a: Array, b: Array, contract: tuple[int, int]) -> Array:
+  """a @ b over the given axes of each 2-D block, accumulated in float32 (float32 blocks
+  multiplied in float32, not Triton's default TensorFloat-32)."""
+  precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                             precision=precision, preferred_element_type=jnp.float32)
+
+
+def _scores(q_ref, k_ref, mask_ref, scale: float):
+  """The block's float32 scaled scores with masked ones at float32's minimum, and the mask."""
+  allowed = mask_ref[...] != 0
+  scores = _dot(q_ref[...], k_ref[...], (1, 1)) * scale
+  return jnp.where(allowed, scores, jnp.finfo(jnp.float32).min), allowed
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser_ref, *, scale: float):
+  scores, allowed = _scores(q_ref, k_ref, mask_ref, scale)
+  top = jnp.max(scores, axis=1)
+  weights = jnp.where(allowed, jnp.exp(scores - top[:, None]), 0.0)
+  total = jnp.sum(weights, axis=1)
+  total = jnp.where(total > 0, total, 1.0)  # a query with no key attends to nothing: output 0
+  out = _dot(weights.astype(v_ref.dtype), v_ref[...], (1, 0)) / total[:, None]
+  out_ref[...] = out.astype(out_ref.dtype)
+  normaliser_ref[...] = top + jnp.log(total)
+
+
+def _backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d_q_ref, d_k_ref,
+                     d_v_ref, *, scale: float):
+  scores, allowed = _scores(q_ref, k_ref, mask_ref, scale)
+  weights = jnp.where(allowed, jnp.exp(scores - normaliser_ref[...][:, None]), 0.0)
+  d_out = d_out_ref[...]
+  d_v_ref[...] = _dot(weights.astype(d_out.dtype), d_out, (0, 0)).astype(d_v_ref.dtype)
+  d_weights = _dot(d_out, v_ref[...], (1, 1))
+  # The softmax's backward, with each row's sum of weights * d_weights from the unrounded float32
+  # products: flash attention's sum of out * d_out, from the output rounded to bfloat16, loses
+  # the gradients' small differences to its rounding.
+  row_sums = jnp.sum(weights * d_weights, axis=1)
+  d_scores = (weights * (d_weights - row_sums[:, None]) * scale).astype(q_ref.dtype)
+  d_q_ref[...] = _dot(d_scores, k_ref[...], (1, 0)).astype(d_q_ref.dtype)
+  d_k_ref[...] = _dot(d_scores, q_ref[...], (0, 0)).astype(d_k_ref.dtype)
+
+
+def _call(kernel, inputs, outputs, interpret: bool):
+  """`kernel` over a (heads, batch) grid: a program per head of each batch row. `inputs` are
+  (array, kind) and `outputs` (shape, dtype, kind), of kinds 'heads' ([batch, length, heads,
+  depth]), 'mask' ([batch, queries, keys]) and 'rows' ([batch, heads, queries])."""
+  batch, _, heads, _ = inputs[0][0].shape
+  specs = {'heads': lambda shape: pl.BlockSpec((None, shape[1], None, shape[3]),
+                                               lambda h, b: (b, 0, h, 0)),
+           'mask': lambda shape: pl.BlockSpec((None, *shape[1:]), lambda h, b: (b, 0, 0)),
+           'rows': lambda shape: pl.BlockSpec((None, None, shape[2]), lambda h, b: (b, h, 0))}
+  return pl.pallas_call(
+      kernel, grid=(heads, batch),
+      out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs],
+      in_specs=[specs[kind](array.shape) for array, kind in inputs],
+      out_specs=[specs[kind](shape) for shape, _, kind in outputs],
+      # 8 warps: a [128, 128] float32 matrix is 64 registers a thread, and the backward holds two.
+      compiler_params=plgpu.CompilerParams(num_warps=8),
+      interpret=interpret)(*(array for array, _ in inputs))
+
+
+def _forward(query, key, value, mask, interpret):
+  batch, length, heads, depth = query.shape
+  kernel = functools.partial(_forward_kernel, scale=depth**-0.5)
+  out, normaliser = _call(
+      kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask')],
+      [(query.shape, query.dtype, 'heads'), ((batch, heads, length), jnp.float32, 'rows')],
+      interpret)
+  return out, (query, key, value, mask, normaliser)
+
+
+def _backward(interpret, saved, d_out):
+  query, key, value, mask, normaliser = saved
+  kernel = functools.partial(_backward_kernel, scale=query.shape[-1]**-0.5)
+  d_query, d_key, d_value = _call(
+      kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask'),
+               (d_out, 'heads'), (normaliser, 'rows')],
+      [(array.shape, array.dtype, 'heads') for array in (query, key, value)], interpret)
+  return d_query, d_key, d_value, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(query, key, value, mask, interpret):
+  return _forward(query, key, value, mask, interpret)[0]
+
+
+_attention.defvjp(_forward, _backward)
+
+
+def attention(query: Array, key: Array, value: Array, mask: Array) -> Array:
+  """softmax(query key^T / sqrt(depth)) value over the keys a query may attend to.
+
+  What `nn.dot_product_attention` computes without dropout, with the scores and softmax in float32
+  and the weights rounded to the values' dtype; a query with no key to attend to gets zeros (and
+  zero gradients) where nn.dot_product_attention averages all values.
+
+  Args:
+    query: [batch, queries, heads, depth]; depth a power of 2 from 16 (Triton's blocks).
+    key, value: [batch, keys, heads, depth], the query's dtype.
+    mask: [batch, 1, queries, keys], nonzero where a query may attend to a key.
+    Both lengths at most MAX_LENGTH; shorter ones are padded to a power of 2 from 16.
+
+  Returns:
+    [batch, queries, heads, depth] in the query's dtype.
+  """
+  queries, keys = query.shape[1], key.shape[1]
+  if max(queries, keys) > MAX_LENGTH:
+    raise ValueError(f'fused attention takes rows of up to {MAX_LENGTH} positions, not '
+                     f'{queries} queries over {keys} keys')
+  pad = lambda x, length: jnp.pad(x, [(0, 0), (0, _padded(length) - length), (0, 0), (0, 0)])
+  mask = mask[:, 0].astype(jnp.int8)
+  mask = jnp.pad(mask, [(0, 0), (0, _padded(queries) - queries), (0, _padded(keys) - keys)])
+  out = _attention(pad(query, queries), pad(key, keys), pad(value, keys), mask,
+                   jax.default_backend() != 'gpu')
+  return out[:, :queries]
