@@ -6,9 +6,10 @@
 # STAGE: cudnn_check (the tests that need a GPU: cuDNN attention against XLA's), fused_norm_check
 # (transformer/fused_norm.py's tests, its Triton kernels compiled for the GPU), loss_check (the
 # online loss and the fused loss kernel, transformer/fused_loss.py, against the separate passes,
-# on the GPU), vs_flax_base (train step at the paper's
-# base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls off, XLA's
-# merging of matmuls that share an input off, the weights sliced before their matmuls),
+# on the GPU), attention_check (transformer/fused_attention.py's kernels against flax's attention,
+# and the model with them and with cuDNN's against XLA's, on the GPU), vs_flax_base (train step
+# at the paper's base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls
+# off, XLA's merging of matmuls that share an input off, the weights sliced before their matmuls),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
 # each multi30k stage but pyspy runs train.py under benchmarks.start_up: seconds to its first log
 # line, first training row, last checkpoint and exit in OUT/results/start_up.md),
@@ -38,8 +39,8 @@
 # flax's step, with _xla_attention XLA's attention instead of cuDNN's, with _separate_loss the
 # loss's separate passes over the logits instead of one, with _before the checkout in $BEFORE, an
 # earlier commit's configs/ and transformer/: a change's effect on the same machine, with _fused
-# both Pallas kernels, with _fused_norm the layer norm's alone, with _fused_loss the loss's
-# alone), profile_base and
+# the layer norm's and the loss's Pallas kernels, with _fused_norm the layer norm's alone, with
+# _fused_loss the loss's alone, with _fused_attention the attention's alone), profile_base and
 # profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
@@ -93,6 +94,9 @@ for stage in "$@"; do
     loss_check)
       run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py \
         -k 'online or pallas' ;;
+    attention_check)
+      run attention_check 90 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_fused_attention.py tests/test_model.py -k 'kernels or fused_attention' ;;
     vs_flax_base)
       run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 --flax_dir="$flax" \
@@ -168,7 +172,8 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         --name="${stage}_gpu" ;;
     profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|\
     profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused|\
-    profile_base_train_fused_norm|profile_base_train_fused_loss)
+    profile_base_train_fused_norm|profile_base_train_fused_loss|\
+    profile_base_train_fused_attention)
       # base_train's step at its shapes before 752b5d9 (192 rows since): 202 packed rows of 128,
       # vocabulary 16000, as the earlier profiles.
       side=ours variant='vocab_size=16000 max_length=128 packing=True' ours=
@@ -180,6 +185,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         *fused) variant+=' model.norm_implementation=pallas loss_reduction=pallas' ;;
         *fused_norm) variant+=' model.norm_implementation=pallas' ;;
         *fused_loss) variant+=' loss_reduction=pallas' ;;
+        *fused_attention) variant+=' model.attention_implementation=pallas' ;;
       esac
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=202x128 --packed \
         --variant="$variant" --steps=3 --side=$side --flax_dir="$flax" --top=30 \
@@ -194,7 +200,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
 done
 
 echo; cat "$out/summary.txt"
-tail -n 4 "$out"/cudnn_check.log 2>/dev/null
+tail -n 4 "$out"/*_check.log 2>/dev/null
 for f in "$out"/results/*.md; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/eval_*/scores.json; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/*metrics.jsonl; do

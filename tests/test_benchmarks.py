@@ -211,9 +211,11 @@ def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
                   '--shape=16x16', '--variant=', '--variant=xla_flags=',
                   '--variant=model.dtype=bfloat16',
                   '--variant=model.dtype=bfloat16 model.norm_implementation=pallas '
-                  'loss_reduction=pallas', '--flax_dir=',
-                  f'--output={tmp_path}'], check=True, cwd=ROOT)
-  configured, defaults, half, fused = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
+                  'loss_reduction=pallas',
+                  '--variant=model.dtype=bfloat16 model.attention_implementation=pallas',
+                  '--flax_dir=', f'--output={tmp_path}'], check=True, cwd=ROOT)
+  configured, defaults, half, fused, attention = json.loads(
+      (tmp_path / 'gpu_plan.json').read_text())['rows']
   assert configured['kernels']['matmul'] > 0 and defaults['kernels']['matmul'] > 0
   # The Pallas kernels compile for it too: the fused layer norm's, one per post-norm sub-layer each
   # way (2 + 2 layers: 2 x 2 + 2 x 3 sub-layers), in place of XLA's reductions around them; and
@@ -221,6 +223,8 @@ def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   assert fused['kernels']['other'] - half['kernels']['other'] == 2 * (2 * 2 + 2 * 3) + 1
   assert fused['kernels']['reduction'] < half['kernels']['reduction']
   assert sum(fused['kernel_bytes'].values()) < sum(half['kernel_bytes'].values())
+  # The fused attention's kernels in place of cuDNN's, one each way per attention layer.
+  assert attention['kernels'] == half['kernels']
   # The configs turn Triton's matmuls off: cuBLAS's return whole weight gradients.
   assert configured['split_k_sums'] == 0
   # And the weights' slices are taken before their matmuls: the step is launched as one CUDA
