@@ -7,7 +7,9 @@
 # (transformer/fused_norm.py's tests, its Triton kernels compiled for the GPU), loss_check (the
 # online loss and the fused loss kernel, transformer/fused_loss.py, against the separate passes,
 # on the GPU), attention_check (transformer/fused_attention.py's kernels against flax's attention,
-# and the model with them and with cuDNN's against XLA's, on the GPU), vs_flax_base (train step
+# and the model with them and with cuDNN's against XLA's, on the GPU), attention_speed (the
+# attention alone, forward and backward, cuDNN's, XLA's and the Pallas kernels at 4 and 8 warps,
+# at base_train's shapes: benchmarks.attention_speed), vs_flax_base (train step
 # at the paper's base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls
 # off, XLA's merging of matmuls that share an input off, the weights sliced before their matmuls),
 # multi30k (the recipe's train.py from an empty compilation cache, then eval.py on test2016;
@@ -97,6 +99,9 @@ for stage in "$@"; do
     attention_check)
       run attention_check 90 python3 -m pytest -q -p no:cacheprovider \
         tests/test_fused_attention.py tests/test_model.py -k 'kernels or fused_attention' ;;
+    attention_speed)
+      run attention_speed 90 python3 -m benchmarks.attention_speed --output="$out/results" \
+        --name=attention_speed_gpu ;;
     vs_flax_base)
       run vs_flax_base 240 python3 -m benchmarks.vs_flax --size=base --train_shapes=256x64 \
         --steps_per_call=1,5 --beam_shape= --repeats=10 --flax_dir="$flax" \

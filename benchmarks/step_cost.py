@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from benchmarks.measure import machine, machine_name, round_robin, write_results
+from benchmarks.measure import machine, machine_name, ratios, round_robin, write_results
 from benchmarks.workload import Ours, import_ours, load_config, parse_shape, random_batch
 
 FLAGS = flags.FLAGS
@@ -30,13 +30,9 @@ RECIPE = '(the recipe)'
 def costs(times: dict) -> dict:
   """{variant: median step seconds, and the median and range of its per-round ratio to the
   recipe's}, from round_robin's times."""
-  recipe = times[RECIPE]
-  result = {}
-  for name, secs in times.items():
-    ratios = sorted(s / r for s, r in zip(secs, recipe))
-    result[name] = {'step_secs': statistics.median(secs), 'ratio': statistics.median(ratios),
-                    'ratio_range': [ratios[0], ratios[-1]]}
-  return result
+  return {name: {'step_secs': statistics.median(times[name]), 'ratio': ratio,
+                 'ratio_range': ratio_range}
+          for name, (ratio, ratio_range) in ratios(times, RECIPE).items()}
 
 
 def main(argv):

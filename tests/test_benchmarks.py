@@ -516,6 +516,19 @@ def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
   assert costs['wide'] == {'step_secs': 3.0, 'ratio': 1.0, 'ratio_range': [1.0, 3.0]}
 
 
+def test_attention_speed_times_each_implementation_beside_the_first(tmp_path):
+  subprocess.run([sys.executable, '-m', 'benchmarks.attention_speed', '--shape=2x32', '--warps=8',
+                  '--repeats=2', f'--output={tmp_path}'], check=True, cwd=ROOT)
+  results = json.loads((tmp_path / 'attention_speed.json').read_text())
+  first, pallas = results['implementations'].values()
+  assert list(results['implementations']) == ['xla', 'pallas, 8 warps']  # a CPU: no cuDNN
+  assert first['ratio'] == 1.0 and first['ratio_range'] == [1.0, 1.0]
+  assert pallas['ratio'] > 0 and pallas['secs'] > 0
+  # Packed pairs of 5-30 tokens in rows of 32: some [query, key] pairs attended, never all.
+  assert 0 < results['attended_share'] < 1
+  assert '| pallas, 8 warps |' in (tmp_path / 'attention_speed.md').read_text()
+
+
 def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
   wmt_scale.generate(str(tmp_path), pairs=3000)
   read = lambda name: gzip.open(tmp_path / name, 'rt', encoding='utf-8').read().splitlines()

@@ -74,7 +74,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d
   d_k_ref[...] = _dot(d_scores, q_ref[...], (0, 0)).astype(d_k_ref.dtype)
 
 
-def _call(kernel, inputs, outputs, interpret: bool):
+def _call(kernel, inputs, outputs, warps: int, interpret: bool):
   """`kernel` over a (heads, batch) grid: a program per head of each batch row. `inputs` are
   (array, kind) and `outputs` (shape, dtype, kind), of kinds 'heads' ([batch, length, heads,
   depth]), 'mask' ([batch, queries, keys]) and 'rows' ([batch, heads, queries])."""
@@ -88,40 +88,39 @@ def _call(kernel, inputs, outputs, interpret: bool):
       out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs],
       in_specs=[specs[kind](array.shape) for array, kind in inputs],
       out_specs=[specs[kind](shape) for shape, _, kind in outputs],
-      # 8 warps: a [128, 128] float32 matrix is 64 registers a thread, and the backward holds two.
-      compiler_params=plgpu.CompilerParams(num_warps=8),
+      compiler_params=plgpu.CompilerParams(num_warps=warps),
       interpret=interpret)(*(array for array, _ in inputs))
 
 
-def _forward(query, key, value, mask, interpret):
+def _forward(query, key, value, mask, warps, interpret):
   batch, length, heads, depth = query.shape
   kernel = functools.partial(_forward_kernel, scale=depth**-0.5)
   out, normaliser = _call(
       kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask')],
       [(query.shape, query.dtype, 'heads'), ((batch, heads, length), jnp.float32, 'rows')],
-      interpret)
+      warps, interpret)
   return out, (query, key, value, mask, normaliser)
 
 
-def _backward(interpret, saved, d_out):
+def _backward(warps, interpret, saved, d_out):
   query, key, value, mask, normaliser = saved
   kernel = functools.partial(_backward_kernel, scale=query.shape[-1]**-0.5)
   d_query, d_key, d_value = _call(
       kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask'),
                (d_out, 'heads'), (normaliser, 'rows')],
-      [(array.shape, array.dtype, 'heads') for array in (query, key, value)], interpret)
+      [(array.shape, array.dtype, 'heads') for array in (query, key, value)], warps, interpret)
   return d_query, d_key, d_value, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(query, key, value, mask, interpret):
-  return _forward(query, key, value, mask, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attention(query, key, value, mask, warps, interpret):
+  return _forward(query, key, value, mask, warps, interpret)[0]
 
 
 _attention.defvjp(_forward, _backward)
 
 
-def attention(query: Array, key: Array, value: Array, mask: Array) -> Array:
+def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 8) -> Array:
   """softmax(query key^T / sqrt(depth)) value over the keys a query may attend to.
 
   What `nn.dot_product_attention` computes without dropout, with the scores and softmax in float32
@@ -133,6 +132,8 @@ def attention(query: Array, key: Array, value: Array, mask: Array) -> Array:
     key, value: [batch, keys, heads, depth], the query's dtype.
     mask: [batch, 1, queries, keys], nonzero where a query may attend to a key.
     Both lengths at most MAX_LENGTH; shorter ones are padded to a power of 2 from 16.
+    warps: Triton's warps per program. With 8, a [128, 128] float32 matrix is 64 registers a
+      thread, and the backward holds two (benchmarks/attention_speed.py times others).
 
   Returns:
     [batch, queries, heads, depth] in the query's dtype.
@@ -144,6 +145,6 @@ def attention(query: Array, key: Array, value: Array, mask: Array) -> Array:
   pad = lambda x, length: jnp.pad(x, [(0, 0), (0, _padded(length) - length), (0, 0), (0, 0)])
   mask = mask[:, 0].astype(jnp.int8)
   mask = jnp.pad(mask, [(0, 0), (0, _padded(queries) - queries), (0, _padded(keys) - keys)])
-  out = _attention(pad(query, queries), pad(key, keys), pad(value, keys), mask,
+  out = _attention(pad(query, queries), pad(key, keys), pad(value, keys), mask, warps,
                    jax.default_backend() != 'gpu')
   return out[:, :queries]
