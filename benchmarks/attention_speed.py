@@ -2,7 +2,7 @@ r"""The attention alone, forward and backward, each implementation timed in turn
 XLA's (flax's `nn.dot_product_attention`, as the model calls it), cuDNN's (on a GPU) and
 transformer/fused_attention.py's Pallas kernels at each number of Triton warps.
 
-  python -m benchmarks.attention_speed [--shape=192x128] [--warps=4,8] [--repeats=20]
+  python -m benchmarks.attention_speed [--shape=192x128] [--warps=4,8,16] [--repeats=20]
 
 One call is a decoder layer's three attentions at the paper's base size (8 heads of 64, bfloat16):
 the encoder's self-attention, the decoder's causal self-attention and its cross-attention, over
@@ -105,7 +105,7 @@ def markdown(results: dict, first: str) -> str:
 
 if __name__ == '__main__':
   flags.DEFINE_string('shape', '192x128', 'Packed rows x length.')
-  flags.DEFINE_string('warps', '4,8', "Comma-separated Triton warps of the Pallas kernels' runs.")
+  flags.DEFINE_string('warps', '4,8,16', "Comma-separated Triton warps, a Pallas run's each.")
   flags.DEFINE_integer('repeats', 20, 'Rounds timed; each runs every implementation once.')
   flags.DEFINE_string('name', 'attention_speed', 'Results go to <name>.json and <name>.md.')
   flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
