@@ -227,3 +227,16 @@ def test_best_continuations_are_top_k_over_every_normalized_candidate(beam, voca
   # At the limit only EOS, once per live beam, then disallowed tokens at live + NEG_INF.
   assert (np.asarray(tokens[1, :beam]) == decode.EOS_ID).all()
   assert (np.asarray(best[1, beam:]) < decode.NEG_INF / 2).all()
+
+
+def test_beam_search_with_the_fused_attention_finds_what_it_finds_with_xlas():
+  # The encoder's attention and the cross-attention's first call (the cache's set-up) run the
+  # Pallas kernels (interpreted off a GPU); the cached steps run cached_attention either way.
+  config = CONFIG.replace(d_model=32, num_heads=2)  # heads of 16: the kernels' smallest
+  params = Transformer(config).init(jax.random.key(3), SOURCES, SOURCES)['params']
+  params = jax.tree_util.tree_map(lambda x: 4 * x, params)
+  (xla_tokens, xla_scores, _), (fused_tokens, fused_scores, _) = (
+      decode.beam_search(config.replace(attention_implementation=name), params, SOURCES,
+                         beam_size=2, alpha=0.6, extra_length=3) for name in ('xla', 'pallas'))
+  np.testing.assert_array_equal(fused_tokens, xla_tokens)
+  np.testing.assert_allclose(fused_scores, xla_scores, atol=1e-5)
