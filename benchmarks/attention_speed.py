@@ -10,8 +10,10 @@ the masks of a batch packed as train.py packs Multi30k-length pairs (benchmarks.
 packed_batch), with the gradients of the query, key and value. Each round times one call of every
 implementation, the order rotated; times are medians, ratios the median of the rounds' time
 ratios to the first implementation (cuDNN's on a GPU, else XLA's): below 1, faster. Model TFLOP/s
-count the 2 matmuls forward and 5 backward (the scores again) over every [query, key] pair.
-Writes benchmarks/results/attention_speed.{json,md}.
+count the 2 matmuls forward and 5 backward (the scores again) over every [query, key] pair; the
+gradients' difference is the relative norm of their difference from the first's. An
+implementation that fails is listed with its error. Writes
+benchmarks/results/attention_speed.{json,md}.
 """
 
 import os
@@ -61,28 +63,40 @@ def main(argv):
   rows, length = parse_shape(FLAGS.shape)
   layer_masks = masks(rows, length)
   inputs = jax.random.normal(jax.random.key(0), (4, rows, length, HEADS, DEPTH), jnp.bfloat16)
-  calls = {}
+  calls, grads, failed = {}, {}, {}
   for name, attention in implementations([int(w) for w in FLAGS.warps.split(',') if w]).items():
     def layer(q, k, v, d_out, attention=attention):
       grads = []
       for mask in layer_masks:
         _, backward = jax.vjp(lambda q, k, v: attention(q, k, v, mask), q, k, v)
-        grads.append(backward(d_out))
+        # No gradient reaches a query that attends to nothing (padding), as in the model.
+        grads.append(backward(d_out * mask.any(-1)[:, 0, :, None, None].astype(d_out.dtype)))
       return grads
     step = jax.jit(layer)
     calls[name] = lambda step=step: jax.block_until_ready(step(*inputs))
-    calls[name]()  # compiles
+    try:  # one implementation that fails to compile or run still leaves the others' figures
+      grads[name] = calls[name]()  # compiles
+    except Exception as error:
+      failed[name] = f'{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}'
+      del calls[name]
   times = round_robin(calls, FLAGS.repeats)
   first = next(iter(times))
   pairs = sum(float(mask.sum()) for mask in layer_masks) * HEADS  # attended pairs
   flops = 7 * 2 * rows * length * length * HEADS * DEPTH * len(layer_masks)
   results = {'machine': machine(), 'shape': FLAGS.shape, 'repeats': FLAGS.repeats,
              'attended_share': pairs / (len(layer_masks) * rows * length * length * HEADS),
-             'implementations': {}}
+             'implementations': {}, 'failed': failed}
+  flat = lambda tree: np.concatenate([np.ravel(np.asarray(x, np.float32))
+                                      for x in jax.tree_util.tree_leaves(tree)])
   for name, (ratio, ratio_range) in ratios(times, first).items():
     secs = statistics.median(times[name])
+    # Gradients that differ from the first implementation's by more than bfloat16's roundings
+    # would make a time meaningless.
+    difference = (np.linalg.norm(flat(grads[name]) - flat(grads[first])) /
+                  np.linalg.norm(flat(grads[first])))
     results['implementations'][name] = {'secs': secs, 'tflops': flops / secs / 1e12,
-                                        'ratio': ratio, 'ratio_range': ratio_range}
+                                        'ratio': ratio, 'ratio_range': ratio_range,
+                                        'gradient_difference': float(difference)}
   write_results(FLAGS.output, FLAGS.name, results, markdown(results, first))
 
 
@@ -94,12 +108,15 @@ def markdown(results: dict, first: str) -> str:
       f'{machine_name(results["machine"])}. Times are medians; time x {first} the median of the '
       'rounds\' ratios (lowest-highest in brackets).',
       '',
-      f'| attention | ms | model TFLOP/s | time x {first} |',
-      '| --- | --- | --- | --- |']
+      f'| attention | ms | model TFLOP/s | time x {first} | gradients vs {first}\'s |',
+      '| --- | --- | --- | --- | --- |']
   for name, row in results['implementations'].items():
     low, high = row['ratio_range']
     lines.append(f'| {name} | {1e3 * row["secs"]:.3f} | {row["tflops"]:.1f} | '
-                 f'{row["ratio"]:.2f}x ({low:.2f}-{high:.2f}) |')
+                 f'{row["ratio"]:.2f}x ({low:.2f}-{high:.2f}) | '
+                 f'{100 * row["gradient_difference"]:.2f}% |')
+  for name, error in results['failed'].items():
+    lines.append(f'| {name} | failed: {error} | | | |')
   return '\n'.join(lines) + '\n'
 
 

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import (checkpoint_cost, hlo, profile_step, reproduce_multi30k, step_cost, wmt_scale,
-                        workload)
+from benchmarks import (attention_speed, checkpoint_cost, hlo, profile_step, reproduce_multi30k,
+                        step_cost, wmt_scale, workload)
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
@@ -523,10 +523,14 @@ def test_attention_speed_times_each_implementation_beside_the_first(tmp_path):
   first, pallas = results['implementations'].values()
   assert list(results['implementations']) == ['xla', 'pallas, 8 warps']  # a CPU: no cuDNN
   assert first['ratio'] == 1.0 and first['ratio_range'] == [1.0, 1.0]
-  assert pallas['ratio'] > 0 and pallas['secs'] > 0
+  assert pallas['ratio'] > 0 and pallas['secs'] > 0 and results['failed'] == {}
+  assert pallas['gradient_difference'] < 0.02  # bfloat16's roundings, not another attention
   # Packed pairs of 5-30 tokens in rows of 32: some [query, key] pairs attended, never all.
   assert 0 < results['attended_share'] < 1
   assert '| pallas, 8 warps |' in (tmp_path / 'attention_speed.md').read_text()
+  # An implementation that failed is a row of its own, with its error.
+  results['failed'] = {'pallas, 4 warps': 'ValueError: no'}
+  assert '| pallas, 4 warps | failed: ValueError: no |' in attention_speed.markdown(results, 'xla')
 
 
 def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
