@@ -35,7 +35,8 @@
 # the checkpoints of this checkout against those of 01db0da, one array per leaf),
 # base_train (train.py with configs/default.py on Multi30k text, 1,000 steps: its first ~30 s
 # share the GPU with the compilation of the closing translation's programs; base_train_fused the
-# same with the Pallas kernels, model.norm_implementation=pallas and loss_reduction=pallas),
+# same with the Pallas kernels, model.norm_implementation=pallas and loss_reduction=pallas, and
+# base_train_fused_attention with model.attention_implementation=pallas too),
 # profile_base_train
 # (benchmarks.profile_step of base_train's step at its shapes, packed random rows; with _flax
 # flax's step, with _xla_attention XLA's attention instead of cuDNN's, with _separate_loss the
@@ -154,10 +155,11 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
     checkpoint_cost)
       run checkpoint_cost 90 python3 -m benchmarks.checkpoint_cost --baseline=01db0da --rounds=3 \
         --saves=5 --output="$out/results" --label="GPU host" ;;
-    base_train|base_train_fused)
+    base_train|base_train_fused|base_train_fused_attention)
       fused=()
-      [[ $stage == *fused ]] && fused=(--config.model.norm_implementation=pallas
-                                       --config.loss_reduction=pallas)
+      [[ $stage == *fused* ]] && fused=(--config.model.norm_implementation=pallas
+                                        --config.loss_reduction=pallas)
+      [[ $stage == *attention ]] && fused+=(--config.model.attention_implementation=pallas)
       run "$stage" 240 python3 train.py --config=configs/default.py --workdir="$work/$stage" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
         --config.max_length=128 --config.packing=True --config.num_train_steps=1000 \
