@@ -260,6 +260,21 @@ def test_attention_implementation_by_backend(monkeypatch, backend):
   assert config_lib.model_config(small).attention_implementation == 'xla'
 
 
+@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
+def test_a_stored_run_keeps_only_the_implementations_this_backend_runs(monkeypatch, backend):
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  stored = default.get_config()
+  stored.update(max_length=128)
+  stored.model.update(attention_implementation='pallas', norm_implementation='pallas')
+  here = config_lib.for_this_backend(stored)
+  kept = backend == 'gpu'
+  assert here.model.attention_implementation == ('pallas' if kept else '')
+  assert here.model.norm_implementation == ('pallas' if kept else 'xla')
+  assert config_lib.model_config(here).attention_implementation == ('pallas' if kept else 'xla')
+  assert stored.model.norm_implementation == 'pallas'  # the stored config itself is unchanged
+  assert here.to_dict() | {'model': None} == stored.to_dict() | {'model': None}
+
+
 @pytest.mark.parametrize('change,wrong', [
     ({}, None), ({'model.dtype': 'float32'}, 'float32'), ({'max_length': 256}, 'now 256'),
     ({'model.attention_dropout_rate': 0.1}, 'now 0.1'), ({'model.d_model': 768}, 'now 96'),

@@ -133,6 +133,29 @@ def test_translate_command_reads_stdin(workdir, tmp_path):
   assert (tmp_path / 'out.txt').read_text(encoding='utf-8').splitlines() == lines
 
 
+@pytest.mark.skipif(jax.default_backend() == 'gpu',
+                    reason='a GPU runs the kernels this test needs a backend to lack')
+def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir, tmp_path):
+  # A config.json naming kernels only a GPU runs: translate.py runs XLA's instead, logging each
+  # replacement, and translates as the run's own config does.
+  config = config_lib.load_workdir_config(workdir)
+  sources, _ = data.split_texts(config, 'test')
+  gpu_run = tmp_path / 'gpu_run'
+  shutil.copytree(workdir, gpu_run)
+  stored = json.loads((gpu_run / 'config.json').read_text())
+  stored['model'].update(attention_implementation='cudnn', norm_implementation='pallas')
+  (gpu_run / 'config.json').write_text(json.dumps(stored))
+  results = [run_script('translate.py', f'--workdir={path}',
+                        stdin=''.join(s + '\n' for s in sources[:3])) for path in (workdir, gpu_run)]
+  assert all(result.returncode == 0 for result in results), results[1].stderr[-3000:]
+  assert results[1].stdout == results[0].stdout and len(results[0].stdout.splitlines()) == 3
+  backend = jax.default_backend()
+  for key, value, default in (('attention_implementation', 'cudnn', "''"),
+                              ('norm_implementation', 'pallas', "'xla'")):
+    assert (f"config.model.{key}='{value}': not on this backend ({backend}); {default} instead"
+            in results[1].stderr), results[1].stderr[-3000:]
+
+
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   missing = str(tmp_path / 'nowhere')
   assert error_line(run_script('eval.py', f'--workdir={missing}', f'--output_dir={tmp_path}')) == (

@@ -250,6 +250,22 @@ def norm_implementation(config: ml_collections.ConfigDict) -> str:
   return chosen
 
 
+def for_this_backend(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A stored run's config with each model implementation this backend cannot run replaced by
+  the default ('' = by backend, 'xla'), each replacement logged: they choose how the model
+  computes, not what, so a run trained with a GPU's kernels translates anywhere."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, check, default in (('attention_implementation', attention_implementation, ''),
+                              ('norm_implementation', norm_implementation, 'xla')):
+    try:
+      check(config)
+    except ConfigError:
+      logging.warning("config.model.%s=%r: not on this backend (%s); %r instead", key,
+                      config.model[key], jax.default_backend(), default)
+      config.model[key] = default
+  return config
+
+
 def attention_projection(config: ml_collections.ConfigDict) -> str:
   """'matrix' or 'heads' (see TransformerConfig).
 

@@ -249,7 +249,7 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
   Raises:
     ConfigError, DataError, CheckpointError: the workdir is not a usable run; the message says why.
   """
-  config = config_lib.load_workdir_config(workdir)
+  config = config_lib.for_this_backend(config_lib.load_workdir_config(workdir))
   config_lib.use_xla_flags(config)
   config_lib.use_compilation_cache(config)
   vocab = data.load_vocabulary(config, workdir)
