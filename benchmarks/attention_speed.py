@@ -1,8 +1,10 @@
 r"""The attention alone, forward and backward, each implementation timed in turn in one process:
 XLA's (flax's `nn.dot_product_attention`, as the model calls it), cuDNN's (on a GPU) and
-transformer/fused_attention.py's Pallas kernels at each number of Triton warps.
+transformer/fused_attention.py's Pallas kernels at each number of Triton warps and of queries per
+backward step.
 
-  python -m benchmarks.attention_speed [--shape=192x128] [--warps=4,8,16] [--repeats=20]
+  python -m benchmarks.attention_speed [--shape=192x128] [--warps=4,8,16] [--backward_rows=0,64]
+      [--repeats=20]
 
 One call is a decoder layer's three attentions at the paper's base size (8 heads of 64, bfloat16):
 the encoder's self-attention, the decoder's causal self-attention and its cross-attention, over
@@ -45,16 +47,19 @@ def masks(rows: int, length: int) -> list:
           model.attention_mask(targets, sources, target_segments, source_segments)]
 
 
-def implementations(warps: list[int]) -> dict:
-  """{name: attention(query, key, value, mask)}, those this backend runs."""
+def implementations(warps: list[int], backward_rows: list[int]) -> dict:
+  """{name: attention(query, key, value, mask)}, those this backend runs: the Pallas kernels at
+  each number of warps and of queries per backward step (0: all)."""
   found = {'xla': lambda q, k, v, mask: nn.dot_product_attention(
       q, k, v, mask=mask, dtype=q.dtype, force_fp32_for_softmax=True).astype(q.dtype)}
   if jax.default_backend() == 'gpu':
     found = {'cudnn': lambda q, k, v, mask: jax.nn.dot_product_attention(
         q, k, v, mask=mask.astype(bool), implementation='cudnn'), **found}
   for count in warps:
-    found[f'pallas, {count} warps'] = (
-        lambda q, k, v, mask, count=count: fused_attention.attention(q, k, v, mask, count))
+    for rows in backward_rows:
+      name = f'pallas, {count} warps' + (f', backward by {rows} queries' if rows else '')
+      found[name] = lambda q, k, v, mask, count=count, rows=rows: fused_attention.attention(
+          q, k, v, mask, count, rows)
   return found
 
 
@@ -64,7 +69,9 @@ def main(argv):
   layer_masks = masks(rows, length)
   inputs = jax.random.normal(jax.random.key(0), (4, rows, length, HEADS, DEPTH), jnp.bfloat16)
   calls, grads, failed = {}, {}, {}
-  for name, attention in implementations([int(w) for w in FLAGS.warps.split(',') if w]).items():
+  integers = lambda text: [int(n) for n in text.split(',') if n]
+  for name, attention in implementations(integers(FLAGS.warps),
+                                         integers(FLAGS.backward_rows)).items():
     def layer(q, k, v, d_out, attention=attention):
       grads = []
       for mask in layer_masks:
@@ -123,6 +130,9 @@ def markdown(results: dict, first: str) -> str:
 if __name__ == '__main__':
   flags.DEFINE_string('shape', '192x128', 'Packed rows x length.')
   flags.DEFINE_string('warps', '4,8,16', "Comma-separated Triton warps, a Pallas run's each.")
+  flags.DEFINE_string('backward_rows', '0,64',
+                      'Comma-separated queries per backward step, a Pallas run at each warps each '
+                      '(0: all at once).')
   flags.DEFINE_integer('repeats', 20, 'Rounds timed; each runs every implementation once.')
   flags.DEFINE_string('name', 'attention_speed', 'Results go to <name>.json and <name>.md.')
   flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),

@@ -26,9 +26,9 @@ def _segment_mask(query_segments, key_segments, causal):
 
 
 # Packed rows of two pairs, padding, a row without any, a query row with no key: self-attention
-# (16 x 16, causal or not) and cross-attention (12 queries over 8 keys, both padded to 16).
+# (32 x 32, causal or not) and cross-attention (12 queries over 8 keys, both padded to 16).
 SEGMENTS = {
-    'self': (np.array([[1] * 6 + [2] * 7 + [0] * 3, [1] * 16]),) * 2,
+    'self': (np.array([[1] * 12 + [2] * 14 + [0] * 6, [1] * 32]),) * 2,
     'cross': (np.array([[1] * 5 + [2] * 5 + [0] * 2, [1] * 12]),
               np.array([[1] * 3 + [2] * 4 + [0], [0] * 8])),
 }
@@ -36,7 +36,8 @@ SEGMENTS = {
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize('kind,causal', [('self', False), ('self', True), ('cross', False)])
-def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal):
+@pytest.mark.parametrize('backward_rows', [0, 16])  # self-attention's backward: 1 or 2 blocks
+def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backward_rows):
   query_segments, key_segments = (jnp.asarray(s) for s in SEGMENTS[kind])
   mask = _segment_mask(query_segments, key_segments, causal)
   attended = np.asarray(mask.any(-1))[:, 0, :, None, None]  # [batch, queries, 1, 1]
@@ -52,7 +53,8 @@ def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal):
                                     force_fp32_for_softmax=True).astype(dtype)
 
   results = []
-  for attention in (flax_attention, lambda q, k, v: fused_attention.attention(q, k, v, mask)):
+  fused = lambda q, k, v: fused_attention.attention(q, k, v, mask, backward_rows=backward_rows)
+  for attention in (flax_attention, fused):
     with jax.default_matmul_precision('highest'):  # float32's matmuls in float32 on a GPU too
       out, backward = jax.vjp(attention, query, key, value)
       results.append((out, *backward(grads)))

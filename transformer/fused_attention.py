@@ -40,15 +40,15 @@ def _dot(a: Array, b: Array, contract: tuple[int, int]) -> Array:
                              precision=precision, preferred_element_type=jnp.float32)
 
 
-def _scores(q_ref, k_ref, mask_ref, scale: float):
-  """The block's float32 scaled scores with masked ones at float32's minimum, and the mask."""
-  allowed = mask_ref[...] != 0
-  scores = _dot(q_ref[...], k_ref[...], (1, 1)) * scale
+def _scores(query: Array, key: Array, mask: Array, scale: float):
+  """The float32 scaled scores with masked ones at float32's minimum, and where they are not."""
+  allowed = mask != 0
+  scores = _dot(query, key, (1, 1)) * scale
   return jnp.where(allowed, scores, jnp.finfo(jnp.float32).min), allowed
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser_ref, *, scale: float):
-  scores, allowed = _scores(q_ref, k_ref, mask_ref, scale)
+  scores, allowed = _scores(q_ref[...], k_ref[...], mask_ref[...], scale)
   top = jnp.max(scores, axis=1)
   weights = jnp.where(allowed, jnp.exp(scores - top[:, None]), 0.0)
   total = jnp.sum(weights, axis=1)
@@ -59,19 +59,30 @@ def _forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser_ref, *, s
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d_q_ref, d_k_ref,
-                     d_v_ref, *, scale: float):
-  scores, allowed = _scores(q_ref, k_ref, mask_ref, scale)
-  weights = jnp.where(allowed, jnp.exp(scores - normaliser_ref[...][:, None]), 0.0)
-  d_out = d_out_ref[...]
-  d_v_ref[...] = _dot(weights.astype(d_out.dtype), d_out, (0, 0)).astype(d_v_ref.dtype)
-  d_weights = _dot(d_out, v_ref[...], (1, 1))
-  # The softmax's backward, with each row's sum of weights * d_weights from the unrounded float32
-  # products: flash attention's sum of out * d_out, from the output rounded to bfloat16, loses
-  # the gradients' small differences to its rounding.
-  row_sums = jnp.sum(weights * d_weights, axis=1)
-  d_scores = (weights * (d_weights - row_sums[:, None]) * scale).astype(q_ref.dtype)
-  d_q_ref[...] = _dot(d_scores, k_ref[...], (1, 0)).astype(d_q_ref.dtype)
-  d_k_ref[...] = _dot(d_scores, q_ref[...], (0, 0)).astype(d_k_ref.dtype)
+                     d_v_ref, *, scale: float, rows: int):
+  """The gradients, `rows` queries at a time: fewer rows hold less in registers at once."""
+  key, value = k_ref[...], v_ref[...]
+
+  def step(block, sums):
+    d_key, d_value = sums
+    at = pl.ds(block * rows, rows)
+    query, d_out = q_ref[at, :], d_out_ref[at, :]
+    scores, allowed = _scores(query, key, mask_ref[at, :], scale)
+    weights = jnp.where(allowed, jnp.exp(scores - normaliser_ref[at][:, None]), 0.0)
+    d_value += _dot(weights.astype(d_out.dtype), d_out, (0, 0))
+    d_weights = _dot(d_out, value, (1, 1))
+    # The softmax's backward, with each row's sum of weights * d_weights from the unrounded
+    # float32 products: flash attention's sum of out * d_out, from the output rounded to
+    # bfloat16, loses the gradients' small differences to its rounding.
+    row_sums = jnp.sum(weights * d_weights, axis=1)
+    d_scores = (weights * (d_weights - row_sums[:, None]) * scale).astype(query.dtype)
+    d_q_ref[at, :] = _dot(d_scores, key, (1, 0)).astype(d_q_ref.dtype)
+    return d_key + _dot(d_scores, query, (0, 0)), d_value
+
+  zeros = jnp.zeros(key.shape, jnp.float32)
+  d_key, d_value = jax.lax.fori_loop(0, q_ref.shape[0] // rows, step, (zeros, zeros))
+  d_k_ref[...] = d_key.astype(d_k_ref.dtype)
+  d_v_ref[...] = d_value.astype(d_v_ref.dtype)
 
 
 def _call(kernel, inputs, outputs, warps: int, interpret: bool):
@@ -92,7 +103,8 @@ def _call(kernel, inputs, outputs, warps: int, interpret: bool):
       interpret=interpret)(*(array for array, _ in inputs))
 
 
-def _forward(query, key, value, mask, warps, interpret):
+def _forward(query, key, value, mask, warps, backward_rows, interpret):
+  del backward_rows  # the backward pass's
   batch, length, heads, depth = query.shape
   kernel = functools.partial(_forward_kernel, scale=depth**-0.5)
   out, normaliser = _call(
@@ -102,9 +114,10 @@ def _forward(query, key, value, mask, warps, interpret):
   return out, (query, key, value, mask, normaliser)
 
 
-def _backward(warps, interpret, saved, d_out):
+def _backward(warps, backward_rows, interpret, saved, d_out):
   query, key, value, mask, normaliser = saved
-  kernel = functools.partial(_backward_kernel, scale=query.shape[-1]**-0.5)
+  kernel = functools.partial(_backward_kernel, scale=query.shape[-1]**-0.5,
+                             rows=min(backward_rows or query.shape[1], query.shape[1]))
   d_query, d_key, d_value = _call(
       kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask'),
                (d_out, 'heads'), (normaliser, 'rows')],
@@ -112,15 +125,16 @@ def _backward(warps, interpret, saved, d_out):
   return d_query, d_key, d_value, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _attention(query, key, value, mask, warps, interpret):
-  return _forward(query, key, value, mask, warps, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _attention(query, key, value, mask, warps, backward_rows, interpret):
+  return _forward(query, key, value, mask, warps, backward_rows, interpret)[0]
 
 
 _attention.defvjp(_forward, _backward)
 
 
-def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 8) -> Array:
+def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 8,
+              backward_rows: int = 0) -> Array:
   """softmax(query key^T / sqrt(depth)) value over the keys a query may attend to.
 
   What `nn.dot_product_attention` computes without dropout, with the scores and softmax in float32
@@ -134,6 +148,8 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
     Both lengths at most MAX_LENGTH; shorter ones are padded to a power of 2 from 16.
     warps: Triton's warps per program. With 8, a [128, 128] float32 matrix is 64 registers a
       thread, and the backward holds two (benchmarks/attention_speed.py times others).
+    backward_rows: queries the backward pass takes at a time (a power of 2 from 16), its key and
+      value gradients summed over them; 0: all at once.
 
   Returns:
     [batch, queries, heads, depth] in the query's dtype.
@@ -146,5 +162,5 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
   mask = mask[:, 0].astype(jnp.int8)
   mask = jnp.pad(mask, [(0, 0), (0, _padded(queries) - queries), (0, _padded(keys) - keys)])
   out = _attention(pad(query, queries), pad(key, keys), pad(value, keys), mask, warps,
-                   jax.default_backend() != 'gpu')
+                   backward_rows, jax.default_backend() != 'gpu')
   return out[:, :queries]
