@@ -139,13 +139,13 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
 
   What `nn.dot_product_attention` computes without dropout, with the scores and softmax in float32
   and the weights rounded to the values' dtype; a query with no key to attend to gets zeros (and
-  zero gradients) where nn.dot_product_attention averages all values.
+  zero gradients) where nn.dot_product_attention averages all values. Both lengths are at most
+  MAX_LENGTH; shorter ones are padded to a power of 2 from 16.
 
   Args:
     query: [batch, queries, heads, depth]; depth a power of 2 from 16 (Triton's blocks).
     key, value: [batch, keys, heads, depth], the query's dtype.
     mask: [batch, 1, queries, keys], nonzero where a query may attend to a key.
-    Both lengths at most MAX_LENGTH; shorter ones are padded to a power of 2 from 16.
     warps: Triton's warps per program. With 8, a [128, 128] float32 matrix is 64 registers a
       thread, and the backward holds two (benchmarks/attention_speed.py times others).
     backward_rows: queries the backward pass takes at a time (a power of 2 from 16), its key and
