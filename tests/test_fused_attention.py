@@ -7,22 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import fused_attention
+from transformer import fused_attention, model
 
 
 def _rounding(dtype) -> float:
   """A relative difference within a few roundings of `dtype` (and float32's sums in another
   order)."""
   return 2**-6 if dtype == jnp.bfloat16 else 1e-5
-
-
-def _segment_mask(query_segments, key_segments, causal):
-  """[batch, 1, queries, keys]: the same pair, neither end padding (0), no look-ahead."""
-  masks = [nn.make_attention_mask(query_segments, key_segments, jnp.equal),
-           nn.make_attention_mask(query_segments > 0, key_segments > 0)]
-  if causal:
-    masks.append(nn.make_causal_mask(query_segments))
-  return nn.combine_masks(*masks)
 
 
 # Packed rows of two pairs, padding, a row without any, a query row with no key: self-attention
@@ -39,7 +30,9 @@ SEGMENTS = {
 @pytest.mark.parametrize('backward_rows', [0, 16])  # self-attention's backward: 1 or 2 blocks
 def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backward_rows):
   query_segments, key_segments = (jnp.asarray(s) for s in SEGMENTS[kind])
-  mask = _segment_mask(query_segments, key_segments, causal)
+  # The model's mask, segment ids standing for tokens: segment 0 is padding.
+  mask = model.attention_mask(query_segments, key_segments, query_segments, key_segments,
+                              causal)
   attended = np.asarray(mask.any(-1))[:, 0, :, None, None]  # [batch, queries, 1, 1]
   (batch, queries), keys, heads, depth = query_segments.shape, key_segments.shape[1], 2, 16
   inputs = jax.random.normal(jax.random.key(0), (3, batch, max(queries, keys), heads, depth))
