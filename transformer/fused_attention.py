@@ -47,7 +47,8 @@ def _scores(query: Array, key: Array, mask: Array, scale: float):
   return jnp.where(allowed, scores, jnp.finfo(jnp.float32).min), allowed
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser_ref, *, scale: float):
+def _attention_forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser_ref, *,
+                              scale: float):
   scores, allowed = _scores(q_ref[...], k_ref[...], mask_ref[...], scale)
   top = jnp.max(scores, axis=1)
   weights = jnp.where(allowed, jnp.exp(scores - top[:, None]), 0.0)
@@ -58,8 +59,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser_ref, *, s
   normaliser_ref[...] = top + jnp.log(total)
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d_q_ref, d_k_ref,
-                     d_v_ref, *, scale: float, rows: int):
+def _attention_backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d_q_ref,
+                               d_k_ref, d_v_ref, *, scale: float, rows: int):
   """The gradients, `rows` queries at a time: fewer rows hold less in registers at once."""
   key, value = k_ref[...], v_ref[...]
 
@@ -106,7 +107,7 @@ def _call(kernel, inputs, outputs, warps: int, interpret: bool):
 def _forward(query, key, value, mask, warps, backward_rows, interpret):
   del backward_rows  # the backward pass's
   batch, length, heads, depth = query.shape
-  kernel = functools.partial(_forward_kernel, scale=depth**-0.5)
+  kernel = functools.partial(_attention_forward_kernel, scale=depth**-0.5)
   out, normaliser = _call(
       kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask')],
       [(query.shape, query.dtype, 'heads'), ((batch, heads, length), jnp.float32, 'rows')],
@@ -116,7 +117,7 @@ def _forward(query, key, value, mask, warps, backward_rows, interpret):
 
 def _backward(warps, backward_rows, interpret, saved, d_out):
   query, key, value, mask, normaliser = saved
-  kernel = functools.partial(_backward_kernel, scale=query.shape[-1]**-0.5,
+  kernel = functools.partial(_attention_backward_kernel, scale=query.shape[-1]**-0.5,
                              rows=min(backward_rows or query.shape[1], query.shape[1]))
   d_query, d_key, d_value = _call(
       kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask'),

@@ -26,8 +26,8 @@ Array = jax.Array
 CHUNK = 2048  # columns a program holds at a time (Triton's blocks are powers of 2)
 
 
-def _kernel(logits_ref, targets_ref, loss_ref, nll_ref, correct_ref, grad_ref, *, vocab: int,
-            label_smoothing: float):
+def _loss_kernel(logits_ref, targets_ref, loss_ref, nll_ref, correct_ref, grad_ref, *,
+                 vocab: int, label_smoothing: float):
   """One row: its statistics over the chunks of its columns, then its gradient chunk by chunk."""
   target = targets_ref[...]
   weight = (target > 0).astype(jnp.float32)
@@ -92,7 +92,7 @@ def sums_and_gradient(logits: Array, targets: Array, label_smoothing: float, gra
   row = pl.BlockSpec((1, pl.cdiv(vocab, CHUNK) * CHUNK), lambda i: (i, 0))
   token = pl.BlockSpec((1,), lambda i: (i,))
   *sums, grad = pl.pallas_call(
-      functools.partial(_kernel, vocab=vocab, label_smoothing=label_smoothing),
+      functools.partial(_loss_kernel, vocab=vocab, label_smoothing=label_smoothing),
       grid=(tokens,),
       in_specs=[row, token],
       out_specs=[token, token, token, row],

@@ -55,8 +55,8 @@ def _sum(key_ref, residual_ref, sublayer_ref, rate: float):
   return total.astype(residual_ref.dtype).astype(jnp.float32), keep
 
 
-def _forward_kernel(key_ref, residual_ref, sublayer_ref, scale_ref, bias_ref, out_ref, mean_ref,
-                    rstd_ref, *, rate: float, epsilon: float):
+def _post_norm_forward_kernel(key_ref, residual_ref, sublayer_ref, scale_ref, bias_ref, out_ref,
+                              mean_ref, rstd_ref, *, rate: float, epsilon: float):
   total, _ = _sum(key_ref, residual_ref, sublayer_ref, rate)
   mean = jnp.mean(total, axis=1)
   centred = total - mean[:, None]
@@ -67,9 +67,9 @@ def _forward_kernel(key_ref, residual_ref, sublayer_ref, scale_ref, bias_ref, ou
   rstd_ref[...] = rstd
 
 
-def _backward_kernel(key_ref, residual_ref, sublayer_ref, grads_ref, mean_ref, rstd_ref,
-                     scale_ref, d_residual_ref, d_sublayer_ref, d_scale_ref, d_bias_ref, *,
-                     rate: float):
+def _post_norm_backward_kernel(key_ref, residual_ref, sublayer_ref, grads_ref, mean_ref, rstd_ref,
+                               scale_ref, d_residual_ref, d_sublayer_ref, d_scale_ref, d_bias_ref,
+                               *, rate: float):
   total, keep = _sum(key_ref, residual_ref, sublayer_ref, rate)
   rstd = rstd_ref[...][:, None]
   normalised = (total - mean_ref[...][:, None]) * rstd
@@ -111,7 +111,7 @@ def _call(kernel, inputs, outputs, rows: int, width: int, interpret: bool):
 
 def _forward(residual, sublayer, scale, bias, key_data, rate, epsilon, interpret):
   rows, width = residual.shape
-  kernel = functools.partial(_forward_kernel, rate=rate, epsilon=epsilon)
+  kernel = functools.partial(_post_norm_forward_kernel, rate=rate, epsilon=epsilon)
   out, mean, rstd = _call(
       kernel, [(key_data, 'key'), (residual, 'rows'), (sublayer, 'rows'), (scale, 'vector'),
                (bias, 'vector')],
@@ -124,7 +124,7 @@ def _backward(rate, epsilon, interpret, saved, grads):
   del epsilon  # in the saved statistics
   residual, sublayer, scale, key_data, mean, rstd = saved
   rows, width = residual.shape
-  kernel = functools.partial(_backward_kernel, rate=rate)
+  kernel = functools.partial(_post_norm_backward_kernel, rate=rate)
   d_residual, d_sublayer, d_scale, d_bias = _call(
       kernel, [(key_data, 'key'), (residual, 'rows'), (sublayer, 'rows'), (grads, 'rows'),
                (mean, 'stats'), (rstd, 'stats'), (scale, 'vector')],
