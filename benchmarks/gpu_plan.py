@@ -1,6 +1,7 @@
 r"""XLA's plan for the train step on an H100, compiled on a machine without a GPU.
 
   pip install -e '.[cuda12]'  # jax's CUDA plugin ('.[cuda13]' too); no GPU or driver needed
+  pip install triton  # optional: the Pallas kernels' registers
   python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--packed]
       [--variant='key=value ...']... [--flax_dir=DIR] [--ours=CHECKOUT] [--name=gpu_plan]
 
@@ -14,8 +15,10 @@ that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed
 the host launches: the CUDA graphs the kernels run in, and the kernels and calls it launches one
 by one outside them (read from XLA's dump of the program's thunks). Without a
 GPU XLA cannot autotune, so matmuls get its default tilings and the plan approximates the one an
-H100 compiles; times come only from a GPU (benchmarks/profile_step.py). The config's by-backend
-choices are the GPU's. Writes benchmarks/results/<name>.{json,md}.
+H100 compiles; times come only from a GPU (benchmarks/profile_step.py). Where the `triton`
+package is installed, the Pallas kernels' registers, spills and warps an SM holds follow
+(benchmarks/triton_kernels.py). The config's by-backend choices are the GPU's. Writes
+benchmarks/results/<name>.{json,md}.
 """
 
 import glob
@@ -33,6 +36,7 @@ from absl import app, flags  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
+from benchmarks import triton_kernels  # noqa: E402
 from benchmarks.hlo import kernel_bytes, kernels_by_class, launches, split_k_sums  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
@@ -87,32 +91,34 @@ def h100_mesh():
   return topologies.make_mesh(topology, (1,), ('batch',))
 
 
-def plan(hlo: str, thunks: str) -> dict:
+def plan(hlo: str, thunks: str, kernels: list[dict]) -> dict:
   """The kernels by class, the bytes of those that are not matmuls, the split-K sums and the
-  host's launches of an optimized GPU module and its thunk sequence."""
+  host's launches of an optimized GPU module and its thunk sequence; and the resources of its
+  Triton `kernels` (`triton_kernels.modules`)."""
   sums = split_k_sums(hlo)
   return {'kernels': kernels_by_class(hlo), 'kernel_bytes': kernel_bytes(hlo),
           'split_k_sums': len(sums), 'transposed_sums': sum(s['transposed'] for s in sums),
-          'launches': launches(thunks)}
+          'launches': launches(thunks), 'triton_kernels': triton_kernels.resources(kernels)}
 
 
-def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str]:
-  """The optimized HLO and the thunk sequence of the per-device `step` (pmapped in training,
-  its axis 'batch') compiled for `h100_mesh()`: under shard_map over it, so that its collectives
-  have their axis."""
+def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str, list[dict]]:
+  """The optimized HLO, the thunk sequence and the Triton kernels (`triton_kernels.modules`)
+  of the per-device `step` (pmapped in training, its axis 'batch') compiled for `h100_mesh()`:
+  under shard_map over it, so that its collectives have their axis."""
   replicated = NamedSharding(mesh, PartitionSpec())
   args = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
   mapped = jax.shard_map(step, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
                          check_vma=False)
   with tempfile.TemporaryDirectory() as dump:  # the thunks are only in XLA's dump
-    compiled = jax.jit(mapped).lower(*args).compile(
-        compiler_options={**options, 'xla_dump_to': dump})
+    lowered = jax.jit(mapped).lower(*args)
+    compiled = lowered.compile(compiler_options={**options, 'xla_dump_to': dump})
     # The sequence after XLA's passes over it (which form the CUDA graphs), where they changed it.
     paths = (glob.glob(os.path.join(dump, '*.thunk_sequence_after_thunk_passes.txt')) or
              glob.glob(os.path.join(dump, '*.thunk_sequence.txt')))
     with open(paths[0]) as f:
-      return compiled.as_text(), f.read()
+      return (compiled.as_text(), f.read(),
+              triton_kernels.modules(lowered.compiler_ir('stablehlo')))
 
 
 def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
@@ -140,7 +146,7 @@ def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
                  f" | {sum(row['kernel_bytes'].values()) / 1e9:.2f} | {row['split_k_sums']} | "
                  f"{row['transposed_sums']} | {row['launches']['cuda_graphs']} | "
                  f"{row['launches']['alone']} |")
-  return '\n'.join(lines) + '\n'
+  return '\n'.join(lines + triton_kernels.table(rows)) + '\n'
 
 
 def main(argv):

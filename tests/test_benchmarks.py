@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from benchmarks import (attention_speed, checkpoint_cost, hlo, profile_step, reproduce_multi30k,
-                        step_cost, wmt_scale, workload)
+                        step_cost, triton_kernels, wmt_scale, workload)
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
@@ -201,11 +201,13 @@ def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose
                                        {'parts': 4, 'transposed': True}]
 
 
-@pytest.mark.skipif(importlib.util.find_spec('jax_plugins') is None or
-                    not any(importlib.util.find_spec(f'jax_plugins.xla_cuda{version}')
-                            for version in (12, 13)),
-                    reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]' "
-                           "or '.[cuda13]')")
+needs_cuda_plugin = pytest.mark.skipif(
+    importlib.util.find_spec('jax_plugins') is None or
+    not any(importlib.util.find_spec(f'jax_plugins.xla_cuda{version}') for version in (12, 13)),
+    reason="jax's CUDA plugin is not installed (pip install -e '.[cuda12]' or '.[cuda13]')")
+
+
+@needs_cuda_plugin
 def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
                   '--shape=16x16', '--variant=', '--variant=xla_flags=',
@@ -230,6 +232,35 @@ def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   # And the weights' slices are taken before their matmuls: the step is launched as one CUDA
   # graph, as it was before the parameters were packed.
   assert configured['launches'] == {'cuda_graphs': 1, 'alone': 0}
+
+
+def test_an_sm_holds_the_warps_its_registers_and_shared_memory_allow():
+  # 201 registers a thread: 6656 a warp, 9 warps of 65536, so one 8-warp program.
+  assert triton_kernels.resident_warps(201, 8, 98304) == 8
+  assert triton_kernels.resident_warps(82, 16, 8192) == 16  # 88 x 32 a warp: 23 warps
+  assert triton_kernels.resident_warps(48, 16, 2048) == 32
+  assert triton_kernels.resident_warps(32, 8, 1024) == 64  # at the SM's 64 warps
+  assert triton_kernels.resident_warps(32, 1, 0) == 32  # at its 32 programs
+  assert triton_kernels.resident_warps(32, 4, 110000) == 8  # two programs' shared memory
+
+
+def test_the_triton_table_puts_alike_kernels_on_one_line():
+  kernel = lambda name, registers: {'name': name, 'warps': 4, 'triton': '3.9.0',
+                                    'registers': registers, 'stack_bytes': 0,
+                                    'shared_bytes': 2048, 'warps_per_sm': 28}
+  rows = [{'side': 'ours', 'variant': '', 'triton_kernels': []},
+          {'side': 'ours', 'variant': 'a=1', 'triton_kernels': [
+              kernel('norm', 72), kernel('norm', 72), kernel('norm', 80),
+              {'name': 'loss', 'warps': 4, 'triton': '3.9.0', 'error': 'RuntimeError: parse'}]}]
+  lines = triton_kernels.table(rows)
+  assert 'Triton 3.9.0' in lines[1]
+  assert lines[-3:] == ['| ours | a=1 | norm | 4 | 72 | 0 | 2.0 | 28 | 2 |',
+                        '| ours | a=1 | norm | 4 | 80 | 0 | 2.0 | 28 | 1 |',
+                        '| ours | a=1 | loss | 4 | RuntimeError: parse | | | | 1 |']
+  assert triton_kernels.table(rows[:1]) == []
+  assert triton_kernels.table([{**rows[1], 'triton_kernels': 'not read: pip install triton'}]) == [
+      '', "Triton kernels' registers: not read: pip install triton."]
+  assert triton_kernels.resources([]) == []
 
 
 # XLA's dump of a program's thunks: two CUDA graphs (their kernels nested), a loop and a matmul
