@@ -263,6 +263,27 @@ def test_the_triton_table_puts_alike_kernels_on_one_line():
   assert triton_kernels.resources([]) == []
 
 
+@needs_cuda_plugin
+@pytest.mark.skipif(importlib.util.find_spec('triton') is None,
+                    reason="Triton's compiler is not installed (pip install triton)")
+def test_the_pallas_kernels_spill_no_registers_on_an_h100(tmp_path):
+  # At base size, rows of 128: what Triton gives each kernel when it compiles them for an H100.
+  subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=base', '--shape=16x128',
+                  '--packed', '--variant=max_length=128 model.norm_implementation=pallas '
+                  'loss_reduction=pallas model.attention_implementation=pallas', '--flax_dir=',
+                  f'--output={tmp_path}'], check=True, cwd=ROOT)
+  [row] = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
+  kernels = row['triton_kernels']
+  assert {kernel['name'] for kernel in kernels} == {
+      '_attention_forward_kernel', '_attention_backward_kernel', '_post_norm_forward_kernel',
+      '_post_norm_backward_kernel', '_loss_kernel'}
+  for kernel in kernels:
+    assert kernel['registers'] > 0 and kernel['stack_bytes'] == 0, kernel
+  # The layer norm's kernels, bound by memory, leave an SM 16 warps or more to hide its latency.
+  assert min(kernel['warps_per_sm'] for kernel in kernels if 'post_norm' in kernel['name']) >= 16
+  assert '| _post_norm_backward_kernel | 16 |' in (tmp_path / 'gpu_plan.md').read_text()
+
+
 # XLA's dump of a program's thunks: two CUDA graphs (their kernels nested), a loop and a matmul
 # launched one by one between them.
 THUNK_SEQUENCE = """000: kCommandBuffer      [source       | next=003 (1) ]

@@ -65,6 +65,8 @@ def test_the_kernels_compute_dropout_the_residual_sum_and_layer_norm(dtype, rate
 
 def test_blocks_of_rows_divide_the_rows():
   assert [fused_norm.block_rows(rows) for rows in (202 * 128, 48, 6, 7)] == [16, 16, 2, 1]
+  # A thread holds 16 values of a block, with 1 to 16 warps.
+  assert [fused_norm.warps(16, width) for width in (512, 256, 1024, 32)] == [16, 8, 16, 1]
 
 
 SMALL = TransformerConfig(vocab_size=23, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from transformer import hash_rng
 
@@ -90,6 +91,13 @@ def block_rows(rows: int) -> int:
   return next(block for block in (16, 8, 4, 2, 1) if rows % block == 0)
 
 
+def warps(block: int, width: int) -> int:
+  """Triton's warps per program: 16 of a block's values a thread, from 1 to 16 warps. Triton's
+  default of 4 spilled the backward pass's registers at 16 x 512 and left an H100's SM 8 warps of
+  it; with 16, 16 warps and none spilled (`python -m benchmarks.gpu_plan`'s Triton table)."""
+  return min(16, max(1, block * width // (32 * 16)))
+
+
 def _call(kernel, inputs, outputs, rows: int, width: int, interpret: bool):
   """`kernel` over blocks of whole rows. `inputs` are (array, kind) and `outputs` (dtype, kind),
   of kinds 'key' (the key's data, uint32[2], whole), 'vector' ([width], whole), 'rows' ([rows,
@@ -106,7 +114,7 @@ def _call(kernel, inputs, outputs, rows: int, width: int, interpret: bool):
       kernel, grid=(rows // block,),
       out_shape=[jax.ShapeDtypeStruct(shapes[kind], dtype) for dtype, kind in outputs],
       in_specs=[specs[kind] for _, kind in inputs], out_specs=[specs[kind] for _, kind in outputs],
-      interpret=interpret)(*(array for array, _ in inputs))
+      compiler_params=plgpu.CompilerParams(num_warps=warps(block, width)), interpret=interpret)(*(array for array, _ in inputs))
 
 
 def _forward(residual, sublayer, scale, bias, key_data, rate, epsilon, interpret):
