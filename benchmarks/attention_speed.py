@@ -3,7 +3,7 @@ XLA's (flax's `nn.dot_product_attention`, as the model calls it), cuDNN's (on a 
 transformer/fused_attention.py's Pallas kernels at each number of Triton warps and of queries per
 backward step.
 
-  python -m benchmarks.attention_speed [--shape=192x128] [--warps=4,8,16] [--backward_rows=0,64]
+  python -m benchmarks.attention_speed [--shape=192x128] [--warps=4,8,16] [--backward_rows=0,32]
       [--repeats=20]
 
 One call is a decoder layer's three attentions at the paper's base size (8 heads of 64, bfloat16):
@@ -130,7 +130,7 @@ def markdown(results: dict, first: str) -> str:
 if __name__ == '__main__':
   flags.DEFINE_string('shape', '192x128', 'Packed rows x length.')
   flags.DEFINE_string('warps', '4,8,16', "Comma-separated Triton warps, a Pallas run's each.")
-  flags.DEFINE_string('backward_rows', '0,64',
+  flags.DEFINE_string('backward_rows', '0,32',
                       'Comma-separated queries per backward step, a Pallas run at each warps each '
                       '(0: all at once).')
   flags.DEFINE_integer('repeats', 20, 'Rounds timed; each runs every implementation once.')

@@ -61,7 +61,8 @@ def _attention_forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser
 
 def _attention_backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d_q_ref,
                                d_k_ref, d_v_ref, *, scale: float, rows: int):
-  """The gradients, `rows` queries at a time: fewer rows hold less in registers at once."""
+  """The gradients, `rows` queries at a time (their key and value gradients summed in float32
+  across the blocks, which takes registers too)."""
   key, value = k_ref[...], v_ref[...]
 
   def step(block, sums):
@@ -148,7 +149,8 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
     key, value: [batch, keys, heads, depth], the query's dtype.
     mask: [batch, 1, queries, keys], nonzero where a query may attend to a key.
     warps: Triton's warps per program. With 8, a [128, 128] float32 matrix is 64 registers a
-      thread, and the backward holds two (benchmarks/attention_speed.py times others).
+      thread, and the backward holds two: 201 registers, none spilled (`benchmarks.gpu_plan`'s
+      Triton table); benchmarks/attention_speed.py times others.
     backward_rows: queries the backward pass takes at a time (a power of 2 from 16), its key and
       value gradients summed over them; 0: all at once.
 
