@@ -28,7 +28,9 @@ SEGMENTS = {
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize('kind,causal', [('self', False), ('self', True), ('cross', False)])
 @pytest.mark.parametrize('backward_rows', [0, 16])  # self-attention's backward: 1 or 2 blocks
-def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backward_rows):
+@pytest.mark.parametrize('stacked', [False, True])  # the inputs as slots of one projection
+def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backward_rows,
+                                                      stacked):
   query_segments, key_segments = (jnp.asarray(s) for s in SEGMENTS[kind])
   # The model's mask, segment ids standing for tokens: segment 0 is padding.
   mask = model.attention_mask(query_segments, key_segments, query_segments, key_segments,
@@ -46,7 +48,14 @@ def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backw
                                     force_fp32_for_softmax=True).astype(dtype)
 
   results = []
-  fused = lambda q, k, v: fused_attention.attention(q, k, v, mask, backward_rows=backward_rows)
+  def fused(query, key, value):
+    inputs = [query, key, value]
+    if stacked:  # the key and value, and the query in self-attention, read from one array
+      first = 0 if kind == 'self' else 1
+      array = jnp.stack(inputs[first:], axis=2)
+      inputs[first:] = [fused_attention.Stacked(array, i) for i in range(3 - first)]
+    return fused_attention.attention(*inputs, mask, backward_rows=backward_rows)
+
   for attention in (flax_attention, fused):
     with jax.default_matmul_precision('highest'):  # float32's matmuls in float32 on a GPU too
       out, backward = jax.vjp(attention, query, key, value)

@@ -7,15 +7,18 @@ it at ~80 model TFLOP/s, 5.2 ms of a 28 ms step (docs/speed.md). Here one progra
 head) holds the whole [queries, keys] score matrix: forward it reads the query, key, value and
 mask once and writes the output and the row log-normalisers; backward it reads them and the
 output's gradient once and writes the three gradients. The mask is [batch, queries, keys] int8,
-read by each head's program from the L2 cache (the heads of a row run side by side). No library
-kernel takes a mask or separate query and key segments (jax's Pallas `mha` takes one segment
-array, for self-attention), hence this kernel.
+read by each head's program from the L2 cache (the heads of a row run side by side). The query,
+key and value may be slots of one array of projections (`Stacked`), read where they lie, their
+gradients written into one array: the model projects an input once for all of them and sums no
+input gradients. No library kernel takes a mask or separate query and key segments (jax's Pallas
+`mha` takes one segment array, for self-attention), hence this kernel.
 
 Written on Pallas's Triton lowering, as transformer/fused_norm.py; elsewhere the kernels run in
 Pallas's interpreter, slowly, for tests.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,10 +62,12 @@ def _attention_forward_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, normaliser
   normaliser_ref[...] = top + jnp.log(total)
 
 
-def _attention_backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref, d_q_ref,
-                               d_k_ref, d_v_ref, *, scale: float, rows: int):
+def _attention_backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normaliser_ref,
+                               *grad_refs, slots, scale: float, rows: int):
   """The gradients, `rows` queries at a time (their key and value gradients summed in float32
-  across the blocks, which takes registers too)."""
+  across the blocks, which takes registers too), each written to its slot of its stack's
+  gradient (`grad_refs`, [length, slots, depth] blocks)."""
+  (q_stack, q_slot), (k_stack, k_slot), (v_stack, v_slot) = slots
   key, value = k_ref[...], v_ref[...]
 
   def step(block, sums):
@@ -78,61 +83,84 @@ def _attention_backward_kernel(q_ref, k_ref, v_ref, mask_ref, d_out_ref, normali
     # bfloat16, loses the gradients' small differences to its rounding.
     row_sums = jnp.sum(weights * d_weights, axis=1)
     d_scores = (weights * (d_weights - row_sums[:, None]) * scale).astype(query.dtype)
-    d_q_ref[at, :] = _dot(d_scores, key, (1, 0)).astype(d_q_ref.dtype)
+    d_q_ref = grad_refs[q_stack]
+    d_q_ref[at, q_slot, :] = _dot(d_scores, key, (1, 0)).astype(d_q_ref.dtype)
     return d_key + _dot(d_scores, query, (0, 0)), d_value
 
   zeros = jnp.zeros(key.shape, jnp.float32)
   d_key, d_value = jax.lax.fori_loop(0, q_ref.shape[0] // rows, step, (zeros, zeros))
-  d_k_ref[...] = d_key.astype(d_k_ref.dtype)
-  d_v_ref[...] = d_value.astype(d_v_ref.dtype)
+  grad_refs[k_stack][:, k_slot, :] = d_key.astype(grad_refs[k_stack].dtype)
+  grad_refs[v_stack][:, v_slot, :] = d_value.astype(grad_refs[v_stack].dtype)
 
 
 def _call(kernel, inputs, outputs, warps: int, interpret: bool):
   """`kernel` over a (heads, batch) grid: a program per head of each batch row. `inputs` are
   (array, kind) and `outputs` (shape, dtype, kind), of kinds 'heads' ([batch, length, heads,
-  depth]), 'mask' ([batch, queries, keys]) and 'rows' ([batch, heads, queries])."""
-  batch, _, heads, _ = inputs[0][0].shape
-  specs = {'heads': lambda shape: pl.BlockSpec((None, shape[1], None, shape[3]),
-                                               lambda h, b: (b, 0, h, 0)),
+  depth]), an int s (slot s of a stack, [batch, length, slots, heads, depth]), 'stack' (all its
+  slots), 'mask' ([batch, queries, keys]) and 'rows' ([batch, heads, queries])."""
+  batch, heads = inputs[0][0].shape[0], inputs[0][0].shape[-2]
+  heads_spec = lambda shape: pl.BlockSpec((None, shape[1], None, shape[3]),
+                                          lambda h, b: (b, 0, h, 0))
+  slot_spec = lambda slot: lambda shape: pl.BlockSpec((None, shape[1], None, None, shape[4]),
+                                                      lambda h, b: (b, 0, slot, h, 0))
+  specs = {'heads': heads_spec,
+           'stack': lambda shape: pl.BlockSpec((None, shape[1], shape[2], None, shape[4]),
+                                               lambda h, b: (b, 0, 0, h, 0)),
            'mask': lambda shape: pl.BlockSpec((None, *shape[1:]), lambda h, b: (b, 0, 0)),
            'rows': lambda shape: pl.BlockSpec((None, None, shape[2]), lambda h, b: (b, h, 0))}
+  spec = lambda kind: slot_spec(kind) if isinstance(kind, int) else specs[kind]
   return pl.pallas_call(
       kernel, grid=(heads, batch),
       out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs],
-      in_specs=[specs[kind](array.shape) for array, kind in inputs],
-      out_specs=[specs[kind](shape) for shape, _, kind in outputs],
+      in_specs=[spec(kind)(array.shape) for array, kind in inputs],
+      out_specs=[spec(kind)(shape) for shape, _, kind in outputs],
       compiler_params=plgpu.CompilerParams(num_warps=warps),
       interpret=interpret)(*(array for array, _ in inputs))
 
 
-def _forward(query, key, value, mask, warps, backward_rows, interpret):
+def _inputs(stacks, slots):
+  """The query, key and value as `_call`'s inputs: each its slot of its stack."""
+  return [(stacks[stack], slot) for stack, slot in slots]
+
+
+def _forward(stacks, mask, slots, warps, backward_rows, interpret):
   del backward_rows  # the backward pass's
-  batch, length, heads, depth = query.shape
+  query = stacks[slots[0][0]]
+  batch, length, _, heads, depth = query.shape
   kernel = functools.partial(_attention_forward_kernel, scale=depth**-0.5)
   out, normaliser = _call(
-      kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask')],
-      [(query.shape, query.dtype, 'heads'), ((batch, heads, length), jnp.float32, 'rows')],
+      kernel, [*_inputs(stacks, slots), (mask, 'mask')],
+      [((batch, length, heads, depth), query.dtype, 'heads'),
+       ((batch, heads, length), jnp.float32, 'rows')],
       warps, interpret)
-  return out, (query, key, value, mask, normaliser)
+  return out, (stacks, mask, normaliser)
 
 
-def _backward(warps, backward_rows, interpret, saved, d_out):
-  query, key, value, mask, normaliser = saved
-  kernel = functools.partial(_attention_backward_kernel, scale=query.shape[-1]**-0.5,
-                             rows=min(backward_rows or query.shape[1], query.shape[1]))
-  d_query, d_key, d_value = _call(
-      kernel, [(query, 'heads'), (key, 'heads'), (value, 'heads'), (mask, 'mask'),
-               (d_out, 'heads'), (normaliser, 'rows')],
-      [(array.shape, array.dtype, 'heads') for array in (query, key, value)], warps, interpret)
-  return d_query, d_key, d_value, None
+def _backward(slots, warps, backward_rows, interpret, saved, d_out):
+  stacks, mask, normaliser = saved
+  queries, depth = d_out.shape[1], d_out.shape[-1]
+  kernel = functools.partial(_attention_backward_kernel, slots=slots, scale=depth**-0.5,
+                             rows=min(backward_rows or queries, queries))
+  grads = _call(
+      kernel, [*_inputs(stacks, slots), (mask, 'mask'), (d_out, 'heads'), (normaliser, 'rows')],
+      [(stack.shape, stack.dtype, 'stack') for stack in stacks], warps, interpret)
+  return tuple(grads), None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _attention(query, key, value, mask, warps, backward_rows, interpret):
-  return _forward(query, key, value, mask, warps, backward_rows, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _attention(stacks, mask, slots, warps, backward_rows, interpret):
+  return _forward(stacks, mask, slots, warps, backward_rows, interpret)[0]
 
 
 _attention.defvjp(_forward, _backward)
+
+
+class Stacked(NamedTuple):
+  """Projection `index` of `array`, [batch, length, projections, heads, depth]: read where it
+  lies, its gradient written into one array with the others' (one matmul each way for the
+  projections together, and no sum of their input gradients)."""
+  array: Array
+  index: int
 
 
 def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 8,
@@ -145,7 +173,8 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
   MAX_LENGTH; shorter ones are padded to a power of 2 from 16.
 
   Args:
-    query: [batch, queries, heads, depth]; depth a power of 2 from 16 (Triton's blocks).
+    query: [batch, queries, heads, depth]; depth a power of 2 from 16 (Triton's blocks). Or a
+      `Stacked` projection, as key and value may be too.
     key, value: [batch, keys, heads, depth], the query's dtype.
     mask: [batch, 1, queries, keys], nonzero where a query may attend to a key.
     warps: Triton's warps per program. With 8, a [128, 128] float32 matrix is 64 registers a
@@ -157,13 +186,19 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
   Returns:
     [batch, queries, heads, depth] in the query's dtype.
   """
-  queries, keys = query.shape[1], key.shape[1]
+  stacks, slots = [], []
+  for x in (query, key, value):  # each a slot of a stack: a Stacked one's, or its own
+    array, slot = x if isinstance(x, Stacked) else (x[:, :, None], 0)
+    if not any(array is stack for stack in stacks):
+      stacks.append(array)
+    slots.append((next(i for i, stack in enumerate(stacks) if stack is array), slot))
+  queries, keys = stacks[slots[0][0]].shape[1], stacks[slots[1][0]].shape[1]
   if max(queries, keys) > MAX_LENGTH:
     raise ValueError(f'fused attention takes rows of up to {MAX_LENGTH} positions, not '
                      f'{queries} queries over {keys} keys')
-  pad = lambda x, length: jnp.pad(x, [(0, 0), (0, _padded(length) - length), (0, 0), (0, 0)])
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, _padded(x.shape[1]) - x.shape[1])] + [(0, 0)] * 3)
   mask = mask[:, 0].astype(jnp.int8)
   mask = jnp.pad(mask, [(0, 0), (0, _padded(queries) - queries), (0, _padded(keys) - keys)])
-  out = _attention(pad(query, queries), pad(key, keys), pad(value, keys), mask, warps,
-                   backward_rows, jax.default_backend() != 'gpu')
+  out = _attention(tuple(map(pad, stacks)), mask, tuple(slots), warps, backward_rows,
+                   jax.default_backend() != 'gpu')
   return out[:, :queries]

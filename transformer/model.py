@@ -42,10 +42,10 @@ class TransformerConfig:
   layer_norm_epsilon: float = 1e-6
   # 'xla'; 'cudnn': cuDNN's fused attention kernel (a GPU, bfloat16 or float16, no attention
   # dropout); 'pallas': one Pallas kernel each way for rows of up to 128 positions (longer ones
-  # XLA's; transformer/fused_attention.py). The decoding cache's one-position steps always run
-  # cached_attention.
+  # XLA's; transformer/fused_attention.py), over the projections of an input made in one product.
+  # The decoding cache's one-position steps always run cached_attention.
   attention_implementation: str = 'xla'
-  # 'heads': flax DenseGeneral's product over the head axes of the attention's projections;
+  # 'heads': DenseGeneral's product over the head axes of the attention's projections;
   # 'matrix': one matrix product each, the same kernels (see _matrix_product).
   attention_projection: str = 'heads'
   # 'xla', or 'pallas': in training, each post-norm sub-layer's dropout, residual sum and layer
@@ -121,6 +121,30 @@ def _matrix_product(lhs, rhs, dimension_numbers, precision=None, preferred_eleme
   return out.reshape(*flat.shape[:-1], *rhs.shape[axes:])
 
 
+class _ProjectionKernel(nn.Module):
+  """The kernel of `nn.DenseGeneral(features=(num_heads, depth), use_bias=False)` over d_model,
+  without its product: the same parameter, path and initial values (initialised as a [d_model,
+  d_model] matrix, as DenseGeneral does), so that projections can be stacked into one product."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self) -> Array:
+    cfg = self.config
+    shape = (cfg.d_model, cfg.num_heads, cfg.d_model // cfg.num_heads)
+    init = lambda rng, shape, dtype: _dense_init()(rng, (shape[0], shape[1] * shape[2]),
+                                                   dtype).reshape(shape)
+    return self.param('kernel', init, shape, cfg.param_dtype)
+
+
+def _project(cfg: TransformerConfig, x: Array, kernels: list[Array]) -> Array:
+  """x [..., d_model] times each of the projections' `kernels`, in one product: [...,
+  len(kernels), heads, depth] in cfg.dtype, as DenseGeneral promotes and multiplies."""
+  x, kernel = nn.dtypes.promote_dtype(x, jnp.stack(kernels, axis=1), dtype=cfg.dtype)
+  product = _matrix_product if cfg.attention_projection == 'matrix' else jax.lax.dot_general
+  return product(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
 def _even(query: Array, key: Array) -> bool:
   """Whether both lengths are even: cuDNN's backward pass with a mask needs them so."""
   return query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
@@ -157,27 +181,40 @@ class MultiHeadAttention(nn.Module):
       [batch, length, d_model] in config.dtype.
     """
     cfg = self.config
-    product = _matrix_product if cfg.attention_projection == 'matrix' else None
-    project = functools.partial(
-        nn.DenseGeneral, features=(cfg.num_heads, cfg.d_model // cfg.num_heads), use_bias=False,
-        dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init(),
-        dot_general=product)
-    query = project(name='query')(x)
-    key_proj, value_proj = project(name='key'), project(name='value')
-    to_cache = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
+    kernels = {name: _ProjectionKernel(cfg, name=name)() for name in ('query', 'key', 'value')}
+    project = lambda inputs, *names: _project(cfg, inputs, [kernels[name] for name in names])
+    output = nn.DenseGeneral(
+        cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_dense_init(), name='out',
+        dot_general=_matrix_product if cfg.attention_projection == 'matrix' else None)
+    keys_from = memory if self.cross else x
+    if (cfg.attention_implementation == 'pallas' and not cfg.decode and
+        max(x.shape[1], keys_from.shape[1]) <= fused_attention.MAX_LENGTH):
+      # The projections of one input in one product each way, which the kernels read where they
+      # lie and whose gradients they write into one array: no sum of their input gradients.
+      if self.cross:
+        stacked = project(memory, 'key', 'value')
+        inputs = [project(x, 'query')[:, :, 0], *(fused_attention.Stacked(stacked, i)
+                                                   for i in range(2))]
+      else:
+        stacked = project(x, 'query', 'key', 'value')
+        inputs = [fused_attention.Stacked(stacked, i) for i in range(3)]
+      return output(fused_attention.attention(*inputs, mask))
     out = None
+    query = project(x, 'query')[:, :, 0]
+    to_cache = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
     if self.cross:
       if cfg.decode and self.has_variable('cache', 'cached_key'):
         out = cached_attention(query, self.get_variable('cache', 'cached_key'),
                                self.get_variable('cache', 'cached_value'), mask)
       else:
-        key, value = key_proj(memory), value_proj(memory)
+        key, value = (project(memory, name)[:, :, 0] for name in ('key', 'value'))
         if cfg.decode:  # cache set-up: the encoder output is projected once per sentence
           cached_key, cached_value = to_cache(key, value)
           self.put_variable('cache', 'cached_key', cached_key)
           self.put_variable('cache', 'cached_value', cached_value)
     else:
-      key, value = key_proj(x), value_proj(x)
+      key, value = (project(x, name)[:, :, 0] for name in ('key', 'value'))
       if cfg.decode:
         batch, length, heads, depth = key.shape
         cached_key = self.variable('cache', 'cached_key', jnp.zeros,
@@ -210,9 +247,7 @@ class MultiHeadAttention(nn.Module):
           query, key, value, mask=mask, dropout_rng=dropout_rng,
           dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
           dtype=cfg.dtype, force_fp32_for_softmax=True, module=self)
-    return nn.DenseGeneral(
-        cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_dense_init(), dot_general=product, name='out')(out)
+    return output(out)
 
 
 @jax.custom_jvp
