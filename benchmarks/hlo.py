@@ -129,7 +129,8 @@ def _bytes_read(body, index: int, whole: int) -> int:
 def kernel_bytes(hlo: str) -> dict[str, int]:
   """The bytes that one call of an optimized GPU module's fusion kernels which are not matmuls,
   and its Pallas kernels ('other'), read and write, by `hlo_classes` class: each output whole,
-  each operand whole or, where a fusion only slices it, the slices.
+  each operand whole (once, where a Pallas kernel takes it more than once) or, where a fusion
+  only slices it, the slices.
 
   Such kernels are bound by memory bandwidth, so these bytes over the device's bandwidth bound
   their time from below.
@@ -139,9 +140,10 @@ def kernel_bytes(hlo: str) -> dict[str, int]:
   classes = hlo_classes(hlo)
   moved = collections.Counter()
   for name, shape, opcode, operands, line in bodies.get('ENTRY', []):
-    if _PALLAS_KERNEL.search(line):  # a Pallas kernel of ours: its operands and outputs whole
+    if _PALLAS_KERNEL.search(line):  # a Pallas kernel of ours: its operands and outputs whole,
+      # an operand passed more than once (slots of one array) once
       moved['other'] += shape_bytes(shape) + sum(shape_bytes(shapes.get(operand, ''))
-                                                 for operand in operands)
+                                                 for operand in dict.fromkeys(operands))
       continue
     body = _fused(bodies, opcode, line)
     if body is None or classes.get(name, ('other',))[0] == 'matmul':

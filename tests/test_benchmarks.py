@@ -189,6 +189,9 @@ def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
             'custom_call_target="__gpu$xla.gpu.triton", api_version=API_VERSION_TYPED_FFI\n}\n')
   assert hlo.kernel_bytes(pallas) == {'other': 3 * 16 * 64 * 2 + 2 * 4 + 16 * 4}
   assert hlo.kernels_by_class(pallas) == {'other': 1}
+  # An operand passed twice (two slots of one array, read a slot each) is read once.
+  assert hlo.kernel_bytes(pallas.replace('custom-call(%w, %a, %b)', 'custom-call(%w, %a, %a)')) == (
+      {'other': 2 * 16 * 64 * 2 + 2 * 4 + 16 * 4})
 
 
 def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose():
