@@ -9,7 +9,7 @@
 # on the GPU), attention_check (transformer/fused_attention.py's kernels against flax's attention,
 # and the model with them and with cuDNN's against XLA's, on the GPU), attention_speed (the
 # attention alone, forward and backward, cuDNN's, XLA's and the Pallas kernels at 4, 8, 16 warps,
-# their backward over all queries at once or 64 at a time, at base_train's shapes:
+# their backward over all queries at once or 32 at a time, at base_train's shapes:
 # benchmarks.attention_speed), vs_flax_base (train step
 # at the paper's base size, bfloat16, against flax examples/wmt, as configured: Triton's matmuls
 # off, XLA's merging of matmuls that share an input off, the weights sliced before their matmuls),
