@@ -99,11 +99,10 @@ def _call(kernel, inputs, outputs, warps: int, interpret: bool):
   depth]), an int s (slot s of a stack, [batch, length, slots, heads, depth]), 'stack' (all its
   slots), 'mask' ([batch, queries, keys]) and 'rows' ([batch, heads, queries])."""
   batch, heads = inputs[0][0].shape[0], inputs[0][0].shape[-2]
-  heads_spec = lambda shape: pl.BlockSpec((None, shape[1], None, shape[3]),
-                                          lambda h, b: (b, 0, h, 0))
   slot_spec = lambda slot: lambda shape: pl.BlockSpec((None, shape[1], None, None, shape[4]),
                                                       lambda h, b: (b, 0, slot, h, 0))
-  specs = {'heads': heads_spec,
+  specs = {'heads': lambda shape: pl.BlockSpec((None, shape[1], None, shape[3]),
+                                               lambda h, b: (b, 0, h, 0)),
            'stack': lambda shape: pl.BlockSpec((None, shape[1], shape[2], None, shape[4]),
                                                lambda h, b: (b, 0, 0, h, 0)),
            'mask': lambda shape: pl.BlockSpec((None, *shape[1:]), lambda h, b: (b, 0, 0)),
