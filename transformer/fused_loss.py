@@ -4,7 +4,7 @@ Pallas kernel that reads each row of float32 logits once.
 XLA's fastest loss on a GPU (`loss.online_token_sums`) reads the [tokens, vocab] logits twice: once
 forward for the row statistics, and once backward, where the gradient needs the log-normaliser
 first. Here one program reads a row for its statistics, then again, most of it from the L2 cache
-while the row is fresh, for its gradient for a loss cotangent of 1, written in the compute dtype
+while the row is fresh (the rows being read fit it: CHUNK), for its gradient for a loss cotangent of 1, written in the compute dtype
 for the two backward matmuls. At the paper's base size the logits are ~1.5 GB a step, so the read
 saved is ~0.45 ms of an H100's memory time. The gradient is the loss's only one
 (`loss.projected_token_sums`), so the backward pass scales the matmuls' products by the cotangent
@@ -23,7 +23,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 Array = jax.Array
-CHUNK = 2048  # columns a program holds at a time (Triton's blocks are powers of 2)
+# Columns a program holds at a time (Triton's blocks are powers of 2), and its warps: 16 of a
+# chunk's logits a thread. The second read of a row hits the L2 cache only while the rows being
+# read fit it: with 2048 columns and 4 warps (56 registers) an H100's SM held 9 programs, 1,188
+# rows of 64 KB at stage base_train's vocabulary of 16000, 76 MB against 50 MB of L2; with 8192
+# and 16 warps (64 registers; about as many warps an SM), 2: 17 MB, 39 MB at 37000
+# (`python -m benchmarks.gpu_plan`'s Triton table, gpu_plan_kernels.md).
+CHUNK = 8192
+WARPS = 16
 
 
 def _loss_kernel(logits_ref, targets_ref, loss_ref, nll_ref, correct_ref, grad_ref, *,
@@ -98,5 +105,6 @@ def sums_and_gradient(logits: Array, targets: Array, label_smoothing: float, gra
       out_specs=[token, token, token, row],
       out_shape=[jax.ShapeDtypeStruct((tokens,), jnp.float32)] * 3 + [
           jax.ShapeDtypeStruct((tokens, vocab), grad_dtype)],
+      compiler_params=plgpu.CompilerParams(num_warps=WARPS),
       interpret=jax.default_backend() != 'gpu')(logits, targets.astype(jnp.int32))
   return sums, grad
