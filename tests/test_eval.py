@@ -145,8 +145,9 @@ def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir
   stored = json.loads((gpu_run / 'config.json').read_text())
   stored['model'].update(attention_implementation='cudnn', norm_implementation='pallas')
   (gpu_run / 'config.json').write_text(json.dumps(stored))
-  results = [run_script('translate.py', f'--workdir={path}',
-                        stdin=''.join(s + '\n' for s in sources[:3])) for path in (workdir, gpu_run)]
+  lines = ''.join(s + '\n' for s in sources[:3])
+  results = [run_script('translate.py', f'--workdir={path}', stdin=lines)
+             for path in (workdir, gpu_run)]
   assert all(result.returncode == 0 for result in results), results[1].stderr[-3000:]
   assert results[1].stdout == results[0].stdout and len(results[0].stdout.splitlines()) == 3
   backend = jax.default_backend()

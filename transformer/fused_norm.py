@@ -114,7 +114,8 @@ def _call(kernel, inputs, outputs, rows: int, width: int, interpret: bool):
       kernel, grid=(rows // block,),
       out_shape=[jax.ShapeDtypeStruct(shapes[kind], dtype) for dtype, kind in outputs],
       in_specs=[specs[kind] for _, kind in inputs], out_specs=[specs[kind] for _, kind in outputs],
-      compiler_params=plgpu.CompilerParams(num_warps=warps(block, width)), interpret=interpret)(*(array for array, _ in inputs))
+      compiler_params=plgpu.CompilerParams(num_warps=warps(block, width)),
+      interpret=interpret)(*(array for array, _ in inputs))
 
 
 def _forward(residual, sublayer, scale, bias, key_data, rate, epsilon, interpret):
