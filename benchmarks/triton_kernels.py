@@ -29,10 +29,8 @@ SHARED_RESERVED = 1024  # CUDA keeps 1 KiB of each program's shared memory
 def modules(stablehlo) -> list[dict]:
   """The distinct Triton kernels of a lowered program (`jax.jit(f).lower(...).compiler_ir()`):
   each one's name, warps, pipeline stages and Triton module as text, in the program's order."""
-  # jax keeps the Triton dialect, needed to print the module's bytecode, in a private module.
   from jax._src.interpreters import mlir
   from jax._src.lib.mlir import ir
-  from jax._src.lib.triton import dialect as triton_dialect
 
   found = {}
 
@@ -51,6 +49,11 @@ def modules(stablehlo) -> list[dict]:
           visit(child)
 
   visit(stablehlo.operation)
+  if not found:
+    return []
+  # jax keeps the Triton dialect, needed to print the modules' bytecode, in a private module.
+  from jax._src.lib.triton import dialect as triton_dialect
+
   context = mlir.make_ir_context()
   triton_dialect.register_dialect(context)
   kernels = []
