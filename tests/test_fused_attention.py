@@ -47,7 +47,6 @@ def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backw
     return nn.dot_product_attention(query, key, value, mask=mask, dtype=dtype,
                                     force_fp32_for_softmax=True).astype(dtype)
 
-  results = []
   def fused(query, key, value):
     inputs = [query, key, value]
     if stacked:  # the key and value, and the query in self-attention, read from one array
@@ -56,6 +55,7 @@ def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backw
       inputs[first:] = [fused_attention.Stacked(array, i) for i in range(3 - first)]
     return fused_attention.attention(*inputs, mask, backward_rows=backward_rows)
 
+  results = []
   for attention in (flax_attention, fused):
     with jax.default_matmul_precision('highest'):  # float32's matmuls in float32 on a GPU too
       out, backward = jax.vjp(attention, query, key, value)
