@@ -33,6 +33,7 @@ os.environ[_OWN_DIRS] = '1'
 # After the set-up above: JAX and TFDS read it when first imported.
 from configs import tiny  # pylint: disable=wrong-import-position
 from transformer import trainer  # pylint: disable=wrong-import-position
+import jax  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,6 +49,14 @@ def multi30k_dir() -> str:
       pytest.fail(message)
     pytest.skip(message)
   return path
+
+
+@pytest.fixture
+def float32_matmuls():
+  """Float32's matmuls in float32 on a GPU too, where XLA's default rounds their operands to
+  TensorFloat-32: for tests that compare two float32 computations closer than that rounding."""
+  with jax.default_matmul_precision('highest'):
+    yield
 
 
 def run_script(*args, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:

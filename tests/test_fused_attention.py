@@ -9,6 +9,8 @@ import pytest
 
 from transformer import fused_attention, model
 
+pytestmark = pytest.mark.usefixtures('float32_matmuls')
+
 
 def _rounding(dtype) -> float:
   """A relative difference within a few roundings of `dtype` (and float32's sums in another
@@ -57,9 +59,8 @@ def test_the_kernels_compute_what_flax_attention_does(dtype, kind, causal, backw
 
   results = []
   for attention in (flax_attention, fused):
-    with jax.default_matmul_precision('highest'):  # float32's matmuls in float32 on a GPU too
-      out, backward = jax.vjp(attention, query, key, value)
-      results.append((out, *backward(grads)))
+    out, backward = jax.vjp(attention, query, key, value)
+    results.append((out, *backward(grads)))
   (want, *want_grads), (got, *got_grads) = results
   assert got.dtype == dtype and got.shape == query.shape
   np.testing.assert_allclose(np.asarray(got, np.float32) * attended,

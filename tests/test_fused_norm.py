@@ -10,6 +10,7 @@ import pytest
 from transformer import fused_norm, hash_rng, model
 from transformer.model import Transformer, TransformerConfig
 
+pytestmark = pytest.mark.usefixtures('float32_matmuls')
 
 INTERPRETED = jax.default_backend() != 'gpu'  # Pallas's interpreter runs the kernels' jax ops
 

@@ -9,6 +9,8 @@ import pytest
 from transformer import fused_loss, loss
 from transformer.model import Transformer, TransformerConfig, output_table, project
 
+pytestmark = pytest.mark.usefixtures('float32_matmuls')
+
 
 def test_label_smoothed_loss_equals_optax_smooth_labels():
   logits = jax.random.normal(jax.random.key(0), (2, 5, 11))

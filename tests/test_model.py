@@ -292,6 +292,7 @@ def test_bfloat16_models_sum_embedding_gradients_in_float32():
     # In float32 (Pallas's interpreter off a GPU): the model's other roundings do not hide a
     # difference in the kernels' (bfloat16: tests/test_fused_attention.py).
     ('pallas', jnp.float32, (1e-5, 1e-4))])
+@pytest.mark.usefixtures('float32_matmuls')
 def test_fused_attention_computes_what_xla_attention_does(implementation, dtype, tolerance):
   # A packed row (two pairs, then padding) and a padded row, through the encoder's attention, the
   # decoder's causal self-attention and its cross-attention: the masks the kernels get.
@@ -313,9 +314,8 @@ def test_fused_attention_computes_what_xla_attention_does(implementation, dtype,
     return (jax.nn.log_softmax(logits) * real).sum() / 100, logits
 
   grad_fn = jax.jit(jax.grad(loss_and_logits, has_aux=True), static_argnums=1)
-  with jax.default_matmul_precision('highest'):  # float32's matmuls in float32 on a GPU too
-    (xla_grads, xla_logits), (fused_grads, fused_logits) = (
-        grad_fn(params, name) for name in ('xla', implementation))
+  (xla_grads, xla_logits), (fused_grads, fused_logits) = (
+      grad_fn(params, name) for name in ('xla', implementation))
   difference = np.abs(np.asarray(fused_logits - xla_logits) * np.asarray(real)).max()
   assert difference < tolerance[0] * np.abs(np.asarray(xla_logits) * np.asarray(real)).max()
   for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(xla_grads),
