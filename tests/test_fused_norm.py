@@ -48,9 +48,12 @@ def test_the_kernels_compute_dropout_the_residual_sum_and_layer_norm(dtype, rate
                                           for f in (composed, fused))
   if dtype == jnp.bfloat16 and INTERPRETED:  # each step rounded as XLA rounds it: to the bit
     np.testing.assert_array_equal(out, expected)
-  else:  # flax's variance is E[x^2] - E[x]^2, the kernel's E[(x - E[x])^2], summed its own way
+  else:
+    # flax's variance is E[x^2] - E[x]^2, the kernel's E[(x - E[x])^2], summed its own way. And on
+    # a GPU, XLA may carry dropout's quotient into the sum unrounded (excess precision) where the
+    # kernel rounds it: a step of the sum, over the rows' deviation (2.1 roundings, emulated).
     np.testing.assert_allclose(out, expected, rtol=0,
-                               atol=_rounding(dtype) * np.abs(expected).max())
+                               atol=4 * _rounding(dtype) * np.abs(expected).max())
   for name, got, want in zip(('residual', 'sublayer', 'scale', 'bias'), vjp(grads),
                              expected_vjp(grads)):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
