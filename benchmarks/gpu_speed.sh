@@ -94,12 +94,12 @@ for stage in "$@"; do
     cudnn_check)
       run cudnn_check 90 python3 -m pytest -q -p no:cacheprovider tests/test_model.py -k cudnn ;;
     fused_norm_check)
-      run fused_norm_check 120 python3 -m pytest -q -p no:cacheprovider tests/test_fused_norm.py ;;
+      run fused_norm_check 240 python3 -m pytest -q -p no:cacheprovider tests/test_fused_norm.py ;;
     loss_check)
-      run loss_check 60 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py \
+      run loss_check 120 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py \
         -k 'online or pallas' ;;
     attention_check)
-      run attention_check 90 python3 -m pytest -q -p no:cacheprovider \
+      run attention_check 240 python3 -m pytest -q -p no:cacheprovider \
         tests/test_fused_attention.py tests/test_model.py -k 'kernels or fused_attention' ;;
     attention_speed)
       run attention_speed 90 python3 -m benchmarks.attention_speed --output="$out/results" \
