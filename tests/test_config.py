@@ -248,6 +248,11 @@ def test_attention_implementation_by_backend(monkeypatch, backend):
   base, small = default.get_config(), multi30k.get_config()  # bfloat16, float32
   assert config_lib.model_config(base).attention_implementation == ('cudnn' if on_gpu else 'xla')
   assert config_lib.model_config(small).attention_implementation == 'xla'
+  base.max_length = 128  # rows the Pallas kernels take
+  assert config_lib.model_config(base).attention_implementation == ('pallas' if on_gpu else 'xla')
+  base.model.d_model = 768  # heads of 96: cuDNN's, not a power of 2
+  assert config_lib.model_config(base).attention_implementation == ('cudnn' if on_gpu else 'xla')
+  base.model.d_model = 512
   base.model.attention_implementation = 'xla'
   assert config_lib.model_config(base).attention_implementation == 'xla'
   base.model.update(attention_implementation='', attention_dropout_rate=0.1)

@@ -209,11 +209,13 @@ def attention_implementation(config: ml_collections.ConfigDict) -> str:
   """'xla', 'cudnn' or 'pallas' (see TransformerConfig); raises ConfigError where the chosen
   fused kernel cannot run.
 
-  config.model.attention_implementation='' picks by backend: cuDNN's fused kernel on a GPU when
-  the model computes in bfloat16 or float16 without attention dropout, with heads of a depth that
-  cuDNN takes (a multiple of 8 up to 128), else XLA's. 'pallas' (transformer/fused_attention.py)
-  needs the same, a depth that is a power of 2 from 16, and max_length up to 128. A config.json
-  written before the key existed reads as ''.
+  config.model.attention_implementation='' picks by backend. On a GPU, when the model computes in
+  bfloat16 or float16 without attention dropout: the Pallas kernels
+  (transformer/fused_attention.py) where heads have a depth that is a power of 2 from 16 and
+  max_length is up to 128 (base_train's step on an H200: 23.0 ms with them and the layer norm's and
+  loss's kernels, 24.4 ms with cuDNN's attention and either; benchmarks/results/gpu_speed_h200.md);
+  else cuDNN's fused kernel where the depth is a multiple of 8 up to 128. Else XLA's. A
+  config.json written before the key existed reads as ''.
   """
   chosen = config.model.get('attention_implementation', '')
   half = config.model.dtype in ('bfloat16', 'float16')
@@ -222,18 +224,19 @@ def attention_implementation(config: ml_collections.ConfigDict) -> str:
   needs = (f'a GPU (this backend: {jax.default_backend()}), '
            f"model.dtype bfloat16 or float16 (now {config.model.dtype!r}), "
            f'model.attention_dropout_rate=0 (now {config.model.attention_dropout_rate}) and ')
-  usable = fused and depth % 8 == 0 and depth <= 128
-  if chosen == 'cudnn' and not usable:
+  cudnn_usable = fused and depth % 8 == 0 and depth <= 128
+  pallas_usable = (fused and depth >= 16 and depth & (depth - 1) == 0 and
+                   config.max_length <= fused_attention.MAX_LENGTH)
+  if chosen == 'cudnn' and not cudnn_usable:
     _fail('model.attention_implementation', chosen,
           f'cuDNN attention needs {needs}d_model / num_heads a multiple of 8 up to 128 '
           f"(now {depth}); use 'xla' or '' (by backend)")
-  if chosen == 'pallas' and not (fused and depth >= 16 and depth & (depth - 1) == 0 and
-                                 config.max_length <= fused_attention.MAX_LENGTH):
+  if chosen == 'pallas' and not pallas_usable:
     _fail('model.attention_implementation', chosen,
           f'the fused attention kernels need {needs}d_model / num_heads a power of 2 from 16 '
           f'(now {depth}) and max_length up to {fused_attention.MAX_LENGTH} (now '
           f"{config.max_length}); use 'xla' or '' (by backend)")
-  return chosen or ('cudnn' if usable else 'xla')
+  return chosen or ('pallas' if pallas_usable else 'cudnn' if cudnn_usable else 'xla')
 
 
 def norm_implementation(config: ml_collections.ConfigDict) -> str:

@@ -178,7 +178,8 @@ def attention(query: Array, key: Array, value: Array, mask: Array, warps: int = 
     mask: [batch, 1, queries, keys], nonzero where a query may attend to a key.
     warps: Triton's warps per program. With 8, a [128, 128] float32 matrix is 64 registers a
       thread, and the backward holds two: 201 registers, none spilled (`benchmarks.gpu_plan`'s
-      Triton table); benchmarks/attention_speed.py times others.
+      Triton table); benchmarks/attention_speed.py times others (on an H200, 8 with
+      backward_rows 0 was the fastest: benchmarks/results/attention_speed_gpu.md).
     backward_rows: queries the backward pass takes at a time (a power of 2 from 16), its key and
       value gradients summed over them; 0: all at once.
 
