@@ -35,17 +35,19 @@
 # checkpoint_cost (what a save of the recipe's state costs a loop of Python steps on this host,
 # the checkpoints of this checkout against those of 01db0da, one array per leaf),
 # base_train (train.py with configs/default.py on Multi30k text, 1,000 steps: its first ~30 s
-# share the GPU with the compilation of the closing translation's programs; base_train_fused the
-# same with the Pallas kernels, model.norm_implementation=pallas and loss_reduction=pallas, and
-# base_train_fused_attention with model.attention_implementation=pallas too),
+# share the GPU with the compilation of the closing translation's programs; as configured, its
+# rows of 128 take the fused attention's Pallas kernels; base_train_cudnn the same with cuDNN's
+# attention, model.attention_implementation=cudnn, and base_train_fused with the layer norm's and
+# the loss's Pallas kernels too, model.norm_implementation=pallas and loss_reduction=pallas),
 # profile_base_train
 # (benchmarks.profile_step of base_train's step at its shapes, packed random rows; with _flax
-# flax's step, with _xla_attention XLA's attention instead of cuDNN's, with _separate_loss the
+# flax's step, with _xla_attention XLA's attention instead of Pallas's, with _separate_loss the
 # loss's separate passes over the logits instead of one, with _before the checkout in $BEFORE, an
 # earlier commit's configs/ and transformer/: a change's effect on the same machine, with _fused
 # the layer norm's and the loss's Pallas kernels, with _fused_norm the layer norm's alone, with
-# _fused_loss the loss's alone, with _fused_attention the attention's alone), profile_base and
-# profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces kept),
+# _fused_loss the loss's alone, with _cudnn cuDNN's attention instead of Pallas's), profile_base
+# and profile_base_flax (benchmarks.profile_step at base size, 256x64, ours and flax's, traces
+# kept),
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
 # and with XLA's defaults; the vs_flax stages time 1 and 5 steps per wait). Logs and results go to
@@ -156,11 +158,11 @@ for name in ("jax", "flax", "optax", "orbax.checkpoint", "tensorflow_datasets", 
     checkpoint_cost)
       run checkpoint_cost 90 python3 -m benchmarks.checkpoint_cost --baseline=01db0da --rounds=3 \
         --saves=5 --output="$out/results" --label="GPU host" ;;
-    base_train|base_train_fused|base_train_fused_attention)
+    base_train|base_train_cudnn|base_train_fused)
       fused=()
-      [[ $stage == *fused* ]] && fused=(--config.model.norm_implementation=pallas
-                                        --config.loss_reduction=pallas)
-      [[ $stage == *attention ]] && fused+=(--config.model.attention_implementation=pallas)
+      [[ $stage == *cudnn ]] && fused=(--config.model.attention_implementation=cudnn)
+      [[ $stage == *fused ]] && fused=(--config.model.norm_implementation=pallas
+                                       --config.loss_reduction=pallas)
       run "$stage" 240 python3 train.py --config=configs/default.py --workdir="$work/$stage" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
         --config.max_length=128 --config.packing=True --config.num_train_steps=1000 \
@@ -180,8 +182,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         --name="${stage}_gpu" ;;
     profile_base_train|profile_base_train_flax|profile_base_train_xla_attention|\
     profile_base_train_separate_loss|profile_base_train_before|profile_base_train_fused|\
-    profile_base_train_fused_norm|profile_base_train_fused_loss|\
-    profile_base_train_fused_attention)
+    profile_base_train_fused_norm|profile_base_train_fused_loss|profile_base_train_cudnn)
       # base_train's step at its shapes before 752b5d9 (192 rows since): 202 packed rows of 128,
       # vocabulary 16000, as the earlier profiles.
       side=ours variant='vocab_size=16000 max_length=128 packing=True' ours=
@@ -193,7 +194,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
         *fused) variant+=' model.norm_implementation=pallas loss_reduction=pallas' ;;
         *fused_norm) variant+=' model.norm_implementation=pallas' ;;
         *fused_loss) variant+=' loss_reduction=pallas' ;;
-        *fused_attention) variant+=' model.attention_implementation=pallas' ;;
+        *cudnn) variant+=' model.attention_implementation=cudnn' ;;
       esac
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=202x128 --packed \
         --variant="$variant" --steps=3 --side=$side --flax_dir="$flax" --top=30 \
