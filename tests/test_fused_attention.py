@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures('float32_matmuls')
 def _rounding(dtype) -> float:
   """A relative difference within a few roundings of `dtype` (and float32's sums in another
   order)."""
-  return 2**-6 if dtype == jnp.bfloat16 else 1e-5
+  return {jnp.bfloat16: 2**-6, jnp.float16: 2**-9}.get(dtype, 1e-5)
 
 
 # Packed rows of two pairs, padding, a row without any, a query row with no key: self-attention
@@ -27,7 +27,7 @@ SEGMENTS = {
 }
 
 
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize('kind,causal', [('self', False), ('self', True), ('cross', False)])
 @pytest.mark.parametrize('backward_rows', [0, 16])  # self-attention's backward: 1 or 2 blocks
 @pytest.mark.parametrize('stacked', [False, True])  # the inputs as slots of one projection
