@@ -4,12 +4,12 @@ Pallas kernel that reads each row of float32 logits once.
 XLA's fastest loss on a GPU (`loss.online_token_sums`) reads the [tokens, vocab] logits twice: once
 forward for the row statistics, and once backward, where the gradient needs the log-normaliser
 first. Here one program reads a row for its statistics, then again, most of it from the L2 cache
-while the row is fresh (the rows being read fit it: CHUNK), for its gradient for a loss cotangent
-of 1, written in the compute dtype for the two backward matmuls. At the paper's base size the logits are ~1.5 GB a step, so the read
-saved is ~0.45 ms of an H100's memory time. The gradient is the loss's only one
-(`loss.projected_token_sums`), so the backward pass scales the matmuls' products by the cotangent
-instead of the [tokens, vocab] gradient. No library computes a cross-entropy's gradient in its
-forward pass on GPUs (tokamax's is TPU-only), hence this kernel.
+while the row is fresh (the rows being read fit it: CHUNK), for its gradient for a loss cotangent of
+1, written in the compute dtype for the two backward matmuls. At the paper's base size the logits
+are ~1.5 GB a step, so the read saved is ~0.45 ms of an H100's memory time. The gradient is the
+loss's only one (`loss.projected_token_sums`), so the backward pass scales the matmuls' products by
+the cotangent instead of the [tokens, vocab] gradient. No library computes a cross-entropy's
+gradient in its forward pass on GPUs (tokamax's is TPU-only), hence this kernel.
 
 Written on Pallas's Triton lowering (see transformer/fused_norm.py); elsewhere the kernel runs in
 Pallas's interpreter, slowly, for tests.
