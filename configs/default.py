@@ -54,8 +54,9 @@ def get_config():
       max_positions=512,  # size of the table if positional_encoding='learned'
       layer_norm='post',  # LayerNorm(x + Sublayer(x))
       layer_norm_epsilon=1e-6,  # not stated in the paper; t2t's value
-      # '' = by backend: on a GPU in bfloat16 or float16, one Pallas kernel each way where rows
-      # are up to 128 positions (transformer/fused_attention.py), else cuDNN's; else XLA's.
+      # '' = by backend: on an NVIDIA GPU from Ampere on, in bfloat16 or float16, one Pallas kernel
+      # each way where rows are up to 128 positions (transformer/fused_attention.py), else
+      # cuDNN's; else XLA's.
       attention_implementation='',
       # 'xla', or 'pallas': in training, each sub-layer's dropout, residual sum and layer norm in
       # one kernel each way on a GPU (transformer/fused_norm.py; post-norm, d_model a power of 2).

@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 
 import pytest
 from absl import flags
@@ -24,6 +26,14 @@ ALL_CONFIGS = {
     'multi30k:en-fr': lambda: multi30k.get_config('en-fr'),
     'tiny': tiny.get_config,
 }
+H100 = types.SimpleNamespace(device_kind='NVIDIA H100 80GB HBM3', compute_capability='9.0')
+
+
+def _on(monkeypatch, backend: str, device=H100):
+  """The config's by-backend choices as on `backend`, whose devices, on a 'gpu', are `device`."""
+  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  if backend == 'gpu':
+    monkeypatch.setattr(config_lib.jax, 'devices', lambda *args: [device])
 
 
 @pytest.mark.parametrize('name', ALL_CONFIGS)
@@ -206,7 +216,7 @@ def test_config_flag_argument_and_overrides_parse(monkeypatch):
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
 def test_loss_and_decode_batch_default_by_backend(monkeypatch, backend):
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  _on(monkeypatch, backend)
   config = multi30k.get_config()
   assert (config.loss_chunk_tokens, config.decode_batch_tokens) == (0, 0)
   on_cpu = backend == 'cpu'
@@ -226,7 +236,7 @@ def test_loss_and_decode_batch_default_by_backend(monkeypatch, backend):
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])
 def test_the_fused_loss_is_chosen_only_where_its_kernel_runs(monkeypatch, backend):
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  _on(monkeypatch, backend)
   config = default.get_config()
   config.loss_reduction = 'pallas'
   if backend == 'gpu':
@@ -234,16 +244,58 @@ def test_the_fused_loss_is_chosen_only_where_its_kernel_runs(monkeypatch, backen
   else:
     with pytest.raises(config_lib.ConfigError, match=r"loss_reduction='pallas'.*cpu.*'online'"):
       config_lib.loss_reduction(config)
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
+  _on(monkeypatch, 'gpu')
   config.loss_chunk_tokens = 256
   with pytest.raises(config_lib.ConfigError,
                      match=r"loss_reduction.*loss_chunk_tokens=0 \(now 256"):
     config_lib.loss_reduction(config)
 
 
+@pytest.mark.parametrize('backend,device,runs', [
+    ('gpu', H100, True),
+    ('gpu', types.SimpleNamespace(device_kind='NVIDIA A100-SXM4-40GB', compute_capability='8.0'),
+     True),
+    ('gpu', types.SimpleNamespace(device_kind='NVIDIA RTX PRO 6000', compute_capability='12.0'),
+     True),
+    ('gpu', types.SimpleNamespace(device_kind='Tesla T4', compute_capability='7.5'), False),
+    ('gpu', types.SimpleNamespace(device_kind='Tesla V100-SXM2-16GB', compute_capability='7.0'),
+     False),
+    ('gpu', types.SimpleNamespace(device_kind='AMD Instinct MI250X', compute_capability='gfx90a'),
+     False),
+    ('gpu', types.SimpleNamespace(device_kind='a GPU without a capability'), False),
+    ('cpu', None, False), ('tpu', None, False)])
+def test_the_fused_kernels_are_chosen_on_nvidia_gpus_from_ampere(monkeypatch, backend, device,
+                                                                 runs):
+  _on(monkeypatch, backend, device)
+  assert config_lib.fused_kernels_run() is runs
+  config = default.get_config()
+  config.max_length = 128  # rows the Pallas attention takes
+  assert config_lib.model_config(config).attention_implementation == ('pallas' if runs else 'xla')
+  config.max_length = 256
+  assert config_lib.model_config(config).attention_implementation == ('cudnn' if runs else 'xla')
+  if runs:
+    return
+  capability = getattr(device, 'compute_capability', 'unknown')
+  here = f'{device.device_kind}, compute capability {capability}' if device else backend
+  needs = rf'an NVIDIA GPU of compute capability 8.0 or later \(here: {re.escape(here)}\)'
+  for key, value in (('model.attention_implementation', 'cudnn'),
+                     ('model.norm_implementation', 'pallas'), ('loss_reduction', 'pallas')):
+    wrong = default.get_config()
+    node, leaf = (wrong.model, key[6:]) if key.startswith('model.') else (wrong, key)
+    node[leaf] = value
+    check = config_lib.loss_reduction if key == 'loss_reduction' else config_lib.model_config
+    with pytest.raises(config_lib.ConfigError, match=rf"{key}='{value}'.*{needs}"):
+      check(wrong)
+  stored = default.get_config()  # a run trained on an H100 translates here with XLA's
+  stored.update(max_length=128)
+  stored.model.update(attention_implementation='pallas', norm_implementation='pallas')
+  here_config = config_lib.model_config(config_lib.for_this_backend(stored))
+  assert (here_config.attention_implementation, here_config.norm_implementation) == ('xla', 'xla')
+
+
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
 def test_attention_implementation_by_backend(monkeypatch, backend):
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  _on(monkeypatch, backend)
   on_gpu = backend == 'gpu'
   base, small = default.get_config(), multi30k.get_config()  # bfloat16, float32
   assert config_lib.model_config(base).attention_implementation == ('cudnn' if on_gpu else 'xla')
@@ -267,7 +319,7 @@ def test_attention_implementation_by_backend(monkeypatch, backend):
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])
 def test_a_stored_run_keeps_only_the_implementations_this_backend_runs(monkeypatch, backend):
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  _on(monkeypatch, backend)
   stored = default.get_config()
   stored.update(max_length=128)
   stored.model.update(attention_implementation='pallas', norm_implementation='pallas')
@@ -285,7 +337,7 @@ def test_a_stored_run_keeps_only_the_implementations_this_backend_runs(monkeypat
     ({'model.attention_dropout_rate': 0.1}, 'now 0.1'), ({'model.d_model': 768}, 'now 96'),
     ({'model.num_heads': 64}, 'now 8')])
 def test_the_fused_attention_is_chosen_only_where_its_kernels_run(monkeypatch, change, wrong):
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
+  _on(monkeypatch, 'gpu')
   config = default.get_config()
   config.update(max_length=128)  # the default's 256 is longer than the kernels' rows
   config.model.attention_implementation = 'pallas'
@@ -298,14 +350,14 @@ def test_the_fused_attention_is_chosen_only_where_its_kernels_run(monkeypatch, c
     with pytest.raises(config_lib.ConfigError,
                        match=rf"model.attention_implementation='pallas'.*{wrong}.*use 'xla'"):
       config_lib.model_config(config)
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'cpu')
-  with pytest.raises(config_lib.ConfigError, match=r"this backend: cpu"):
+  _on(monkeypatch, 'cpu')
+  with pytest.raises(config_lib.ConfigError, match=r"\(here: cpu\)"):
     config_lib.model_config(config)
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])
 def test_the_fused_layer_norm_is_chosen_only_where_its_kernels_run(monkeypatch, backend):
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: backend)
+  _on(monkeypatch, backend)
   config = default.get_config()
   assert config_lib.model_config(config).norm_implementation == 'xla'
   config.model.norm_implementation = 'pallas'
@@ -314,7 +366,7 @@ def test_the_fused_layer_norm_is_chosen_only_where_its_kernels_run(monkeypatch, 
   else:
     with pytest.raises(config_lib.ConfigError, match=r"norm_implementation='pallas'.*cpu.*'xla'"):
       config_lib.model_config(config)
-  monkeypatch.setattr(config_lib.jax, 'default_backend', lambda: 'gpu')
+  _on(monkeypatch, 'gpu')
   for key, value, named in (('layer_norm', 'pre', "'pre'"), ('d_model', 384, '384')):
     changed = default.get_config()
     changed.model.update({'norm_implementation': 'pallas', key: value})

@@ -287,8 +287,9 @@ def test_bfloat16_models_sum_embedding_gradients_in_float32():
 
 @pytest.mark.parametrize('implementation,dtype,tolerance', [
     pytest.param('cudnn', jnp.bfloat16, (0.05, 0.03), marks=pytest.mark.skipif(
-        jax.default_backend() != 'gpu',
-        reason=f'cuDNN attention runs only on a GPU (backend: {jax.default_backend()})')),
+        not config_lib.fused_kernels_run(),
+        reason='cuDNN attention runs only on an NVIDIA GPU from Ampere on (backend: '
+               f'{jax.default_backend()})')),
     # In float32 (Pallas's interpreter off a GPU): the model's other roundings do not hide a
     # difference in the kernels' (bfloat16: tests/test_fused_attention.py).
     ('pallas', jnp.float32, (1e-5, 1e-4))])

@@ -205,23 +205,47 @@ def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
                            attention_projection=attention_projection(config), **model)
 
 
+def fused_kernels_run() -> bool:
+  """Whether this backend's devices run the fused kernels (cuDNN's attention, the Pallas kernels).
+
+  NVIDIA GPUs of compute capability 8.0 or later: Ampere, where bfloat16 tensor cores start, on;
+  the kernels are tested and tuned on Hopper. Older GPUs and ROCm's (whose capability is a gfx
+  name) run XLA's implementations, which compute the same.
+  """
+  if jax.default_backend() != 'gpu':
+    return False
+  major, _, minor = str(getattr(jax.devices()[0], 'compute_capability', '')).partition('.')
+  return major.isdigit() and minor.isdigit() and (int(major), int(minor)) >= (8, 0)
+
+
+def _fused_kernels_need() -> str:
+  """What the fused kernels need and what this backend is, for ConfigError messages."""
+  here = jax.default_backend()
+  if here == 'gpu':
+    device = jax.devices()[0]
+    here = (f"{device.device_kind}, compute capability "
+            f"{getattr(device, 'compute_capability', 'unknown')}")
+  return f'an NVIDIA GPU of compute capability 8.0 or later (here: {here})'
+
+
 def attention_implementation(config: ml_collections.ConfigDict) -> str:
   """'xla', 'cudnn' or 'pallas' (see TransformerConfig); raises ConfigError where the chosen
   fused kernel cannot run.
 
-  config.model.attention_implementation='' picks by backend. On a GPU, when the model computes in
-  bfloat16 or float16 without attention dropout: the Pallas kernels
-  (transformer/fused_attention.py) where heads have a depth that is a power of 2 from 16 and
-  max_length is up to 128 (base_train's step on an H200: 23.0 ms with them and the layer norm's and
-  loss's kernels, 24.4 ms with cuDNN's attention and either; benchmarks/results/gpu_speed_h200.md);
-  else cuDNN's fused kernel where the depth is a multiple of 8 up to 128. Else XLA's. A
+  config.model.attention_implementation='' picks by backend. On a GPU that runs the fused kernels
+  (`fused_kernels_run`), when the model computes in bfloat16 or float16 without attention
+  dropout: the Pallas kernels (transformer/fused_attention.py) where heads have a depth that is a
+  power of 2 from 16 and max_length is up to 128 (base_train's step on an H200: 23.0 ms with them
+  and the layer norm's and loss's kernels, 24.4 ms with cuDNN's attention and either;
+  benchmarks/results/gpu_speed_h200.md); else cuDNN's fused kernel where the depth is a multiple
+  of 8 up to 128. Else XLA's. A
   config.json written before the key existed reads as ''.
   """
   chosen = config.model.get('attention_implementation', '')
   half = config.model.dtype in ('bfloat16', 'float16')
   depth = config.model.d_model // config.model.num_heads
-  fused = jax.default_backend() == 'gpu' and half and config.model.attention_dropout_rate == 0
-  needs = (f'a GPU (this backend: {jax.default_backend()}), '
+  fused = half and config.model.attention_dropout_rate == 0 and fused_kernels_run()
+  needs = (f'{_fused_kernels_need()}, '
            f"model.dtype bfloat16 or float16 (now {config.model.dtype!r}), "
            f'model.attention_dropout_rate=0 (now {config.model.attention_dropout_rate}) and ')
   cudnn_usable = fused and depth % 8 == 0 and depth <= 128
@@ -244,10 +268,10 @@ def norm_implementation(config: ml_collections.ConfigDict) -> str:
   cannot run. A config.json written before the key existed reads as 'xla'."""
   chosen = config.model.get('norm_implementation', 'xla')
   width = config.model.d_model
-  if chosen == 'pallas' and (jax.default_backend() != 'gpu' or config.model.layer_norm != 'post'
+  if chosen == 'pallas' and (not fused_kernels_run() or config.model.layer_norm != 'post'
                              or width & (width - 1)):
     _fail('model.norm_implementation', chosen,
-          f'the fused layer norm kernels need a GPU (this backend: {jax.default_backend()}), '
+          f'the fused layer norm kernels need {_fused_kernels_need()}, '
           f"model.layer_norm='post' (now {config.model.layer_norm!r}) and model.d_model a power "
           f"of 2 (now {width}); use 'xla'")
   return chosen
@@ -304,9 +328,9 @@ def loss_reduction(config: ml_collections.ConfigDict) -> str:
   is memory-bound; 'separate' on a CPU, where XLA's variadic reduction is several times slower,
   and on a TPU, where the choice is unmeasured.
   """
-  if config.loss_reduction == 'pallas' and (jax.default_backend() != 'gpu' or loss_chunk(config)):
+  if config.loss_reduction == 'pallas' and (not fused_kernels_run() or loss_chunk(config)):
     _fail('loss_reduction', 'pallas',
-          f'the fused loss kernel needs a GPU (this backend: {jax.default_backend()}) and '
+          f'the fused loss kernel needs {_fused_kernels_need()} and '
           f"loss_chunk_tokens=0 (now {config.loss_chunk_tokens}); use 'online' or ''")
   if config.loss_reduction:
     return config.loss_reduction
