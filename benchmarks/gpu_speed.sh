@@ -51,7 +51,8 @@
 # profile_multi30k and profile_multi30k_flax (the same at configs/multi30k.py's size, 64x64),
 # vs_flax_multi30k (as configured, Triton's matmuls off, and as variants without XLA's dot merger
 # and with XLA's defaults; the vs_flax stages time 1 and 5 steps per wait). Logs and results go to
-# OUT/<stage>.log and OUT/results/; the figures that docs/speed.md quotes are printed last.
+# OUT/<stage>.log and OUT/results/, the machine's versions to OUT/environment.txt; the figures that
+# docs/speed.md quotes are printed last.
 # Workdirs and the cache stay in /tmp/gpu_speed for later stages. Where the machine sends back only
 # a few files, give an OUT outside the returned folder and pack it into one archive there.
 set -uo pipefail
@@ -75,6 +76,12 @@ run() {  # run NAME SECONDS COMMAND...: the command's output in OUT/NAME.log, it
     tee -a "$out/summary.txt"
   return $status
 }
+
+# What every stage ran on: jax's report (versions, nvidia-smi), the compute capability, cuDNN's.
+timeout 60 python3 -c 'import jax; jax.print_environment_info(); device = jax.devices()[0]
+from jax._src.lib import cuda_versions  # cuDNN version: jax has no public query
+print("compute capability:", getattr(device, "compute_capability", None), "cuDNN:",
+      cuda_versions and cuda_versions.cudnn_get_version())' >"$out/environment.txt" 2>&1
 
 recipe=(python3 train.py --config=configs/multi30k.py --config.manual_dir="$data"
         --config.compilation_cache_dir="$cache")  # the Multi30k recipe, with the persistent cache
@@ -208,7 +215,7 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
   esac
 done
 
-echo; cat "$out/summary.txt"
+echo; cat "$out/summary.txt"; tail -n 1 "$out/environment.txt"
 tail -n 4 "$out"/*_check.log 2>/dev/null
 for f in "$out"/results/*.md; do echo "== $f"; cat "$f"; done
 for f in "$out"/results/eval_*/scores.json; do echo "== $f"; cat "$f"; done
