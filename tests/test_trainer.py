@@ -309,9 +309,11 @@ def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
 
 @pytest.mark.parametrize('override,message', [
     ({'loss_reduction': 'pallas'},
-     "config.loss_reduction='pallas': the fused loss kernel needs a GPU"),
+     "config.loss_reduction='pallas': the fused loss kernel needs an NVIDIA GPU of compute "
+     "capability 8.0 or later (here: cpu)"),
     ({'model.norm_implementation': 'pallas'},
-     "config.model.norm_implementation='pallas': the fused layer norm kernels need a GPU")])
+     "config.model.norm_implementation='pallas': the fused layer norm kernels need an NVIDIA GPU "
+     "of compute capability 8.0 or later (here: cpu)")])
 def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path, override,
                                                                        message):
   workdir = tmp_path / 'run'
