@@ -238,8 +238,7 @@ def attention_implementation(config: ml_collections.ConfigDict) -> str:
   power of 2 from 16 and max_length is up to 128 (base_train's step on an H200: 23.0 ms with them
   and the layer norm's and loss's kernels, 24.4 ms with cuDNN's attention and either;
   benchmarks/results/gpu_speed_h200.md); else cuDNN's fused kernel where the depth is a multiple
-  of 8 up to 128. Else XLA's. A
-  config.json written before the key existed reads as ''.
+  of 8 up to 128. Else XLA's. A config.json written before the key existed reads as ''.
   """
   chosen = config.model.get('attention_implementation', '')
   half = config.model.dtype in ('bfloat16', 'float16')
