@@ -5,6 +5,7 @@ import concurrent.futures
 import gzip
 import logging
 import os
+import pathlib
 import re
 import shutil
 import threading
@@ -139,8 +140,8 @@ def test_vocabulary_is_trained_once_kept_beside_the_data_and_copied_to_each_work
   assert os.listdir(tmp_path / 'run' / 'vocab') == ['sentencepiece.model']  # no temp file left
   stored = vocabulary.stored_path(config, sources.load_split(config, 'train'))
   assert stored.startswith(f'{tmp_path}/prepared/vocabularies/')
-  assert open(stored, 'rb').read() == (tmp_path / 'run' / 'vocab' / 'sentencepiece.model'
-                                       ).read_bytes()
+  assert pathlib.Path(stored).read_bytes() == (tmp_path / 'run' / 'vocab' / 'sentencepiece.model'
+                                               ).read_bytes()
   # It says what it does, and when it is done.
   said = [r.getMessage() for r in caplog.records]
   assert said[0] == 'training a 320-piece bpe vocabulary on 4000 sentences of synthetic (train)'
@@ -453,7 +454,8 @@ def test_split_texts_are_the_raw_pairs_in_order(corpus):
   config, _, _ = corpus
   sources, references = data.split_texts(config, 'validation')
   assert len(sources) == 90 and references == [s.upper() for s in sources]
-  assert sources[0] == open(config.validation_files.replace('{lang}', 'en')).readline().rstrip()
+  english = pathlib.Path(config.validation_files.replace('{lang}', 'en'))
+  assert sources[0] == english.read_text().split('\n')[0].rstrip()
 
 
 # The configs' datasets.

@@ -4,6 +4,7 @@ download says."""
 import json
 import logging
 import os
+import pathlib
 import re
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_token_ids_are_stored_once_and_read_back_without_the_text(text_run, monk
              for m in said(caplog))
   assert sorted(os.listdir(directory)) == ['info.json', 'source_lengths.npy', 'source_tokens.npy',
                                            'target_lengths.npy', 'target_tokens.npy']
-  info = json.loads(open(os.path.join(directory, 'info.json')).read())
+  info = json.loads(pathlib.Path(directory, 'info.json').read_text())
   assert (info['pairs'], info['corpus_digest']) == (600, corpus.digest)
   # Every pair's ids are the vocabulary's, each side ending in EOS, in corpus order.
   texts = corpus.texts(range(len(corpus)))
