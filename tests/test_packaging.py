@@ -1,16 +1,17 @@
-"""pyproject.toml: the jax pins admit the releases users run, and the accelerator extras resolve
-jax's plugins within the same pin."""
+"""pyproject.toml: the jax pins admit the releases users run, the accelerator extras resolve
+jax's plugins within the same pin, and the README names the Pythons it admits."""
 
 import pathlib
+import re
+import tomllib
 
 import jax
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
-tomllib = pytest.importorskip('tomllib', reason='tomllib comes with Python 3.11+')
-
-PROJECT = tomllib.loads(
-    (pathlib.Path(__file__).parent.parent / 'pyproject.toml').read_text())['project']
+ROOT = pathlib.Path(__file__).parent.parent
+PROJECT = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
 
 
 def requirement(name: str, lines: list[str]) -> Requirement:
@@ -39,3 +40,11 @@ def test_buckets_come_with_the_tpu_extra_and_the_tests():
   for extra in ('gcs', 'tpu', 'test'):
     names = {Requirement(line).name for line in PROJECT['optional-dependencies'][extra]}
     assert {'gcsfs', 'google-cloud-storage'} <= names, extra
+
+
+def test_the_readme_names_the_pythons_the_project_admits():
+  first, last = map(int, re.search(r'Python 3\.(\d+)-3\.(\d+)',
+                                   (ROOT / 'README.md').read_text()).groups())
+  admitted = SpecifierSet(PROJECT['requires-python'])
+  assert [minor for minor in range(6, 20) if f'3.{minor}' in admitted] == list(
+      range(first, last + 1))
