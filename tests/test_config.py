@@ -26,7 +26,17 @@ ALL_CONFIGS = {
     'multi30k:en-fr': lambda: multi30k.get_config('en-fr'),
     'tiny': tiny.get_config,
 }
-H100 = types.SimpleNamespace(device_kind='NVIDIA H100 80GB HBM3', compute_capability='9.0')
+
+
+def _gpu(kind: str, capability: str | None = None) -> types.SimpleNamespace:
+  """A GPU device as jax describes it: its kind and, where it has one, its compute capability."""
+  device = types.SimpleNamespace(device_kind=kind)
+  if capability is not None:
+    device.compute_capability = capability
+  return device
+
+
+H100 = _gpu('NVIDIA H100 80GB HBM3', '9.0')
 
 
 def _on(monkeypatch, backend: str, device=H100):
@@ -253,16 +263,12 @@ def test_the_fused_loss_is_chosen_only_where_its_kernel_runs(monkeypatch, backen
 
 @pytest.mark.parametrize('backend,device,runs', [
     ('gpu', H100, True),
-    ('gpu', types.SimpleNamespace(device_kind='NVIDIA A100-SXM4-40GB', compute_capability='8.0'),
-     True),
-    ('gpu', types.SimpleNamespace(device_kind='NVIDIA RTX PRO 6000', compute_capability='12.0'),
-     True),
-    ('gpu', types.SimpleNamespace(device_kind='Tesla T4', compute_capability='7.5'), False),
-    ('gpu', types.SimpleNamespace(device_kind='Tesla V100-SXM2-16GB', compute_capability='7.0'),
-     False),
-    ('gpu', types.SimpleNamespace(device_kind='AMD Instinct MI250X', compute_capability='gfx90a'),
-     False),
-    ('gpu', types.SimpleNamespace(device_kind='a GPU without a capability'), False),
+    ('gpu', _gpu('NVIDIA A100-SXM4-40GB', '8.0'), True),
+    ('gpu', _gpu('NVIDIA RTX PRO 6000', '12.0'), True),
+    ('gpu', _gpu('Tesla T4', '7.5'), False),
+    ('gpu', _gpu('Tesla V100-SXM2-16GB', '7.0'), False),
+    ('gpu', _gpu('AMD Instinct MI250X', 'gfx90a'), False),
+    ('gpu', _gpu('a GPU without a capability'), False),
     ('cpu', None, False), ('tpu', None, False)])
 def test_the_fused_kernels_are_chosen_on_nvidia_gpus_from_ampere(monkeypatch, backend, device,
                                                                  runs):
