@@ -6,6 +6,7 @@ VMs and other clusters JAX knows are detected without them).
 """
 
 import gc
+import socket
 import sys
 
 import jax
@@ -26,13 +27,39 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This host\'s index in [0
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def multi_host_flags() -> tuple[str, int, int] | None:
+  """(--coordinator_address, --num_processes, --process_id), checked; None where none is given.
+
+  JAX's own checks end in a traceback, and a coordinator it cannot reach in a 5-minute wait that
+  aborts the process: a mistyped host fails here instead.
+  """
+  address, num_processes, process_id = given = (_COORDINATOR.value, _NUM_PROCESSES.value,
+                                                _PROCESS_ID.value)
+  if given == (None, None, None):
+    return None
+  if None in given:
+    raise app.UsageError('--coordinator_address, --num_processes and --process_id go together')
+  if num_processes < 1:
+    raise app.UsageError(f'--num_processes={num_processes} must be >= 1')
+  if not 0 <= process_id < num_processes:
+    raise app.UsageError(f'--process_id={process_id} must be in [0, --num_processes='
+                         f'{num_processes})')
+  host, _, port = address.rpartition(':')
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise app.UsageError(f'--coordinator_address={address} must be HOST:PORT of process 0, '
+                         'e.g. 10.0.0.1:1234')
+  try:
+    socket.getaddrinfo(host.strip('[]'), int(port))
+  except socket.gaierror as error:
+    raise app.UsageError(f'--coordinator_address={address}: host {host} is unknown '
+                         f'({error.strerror}); give the name or IP address of process 0\'s host')
+  return given
+
+
 def initialize_distributed():
   """Joins the other hosts: from the flags, else from a cluster JAX detects, else runs alone."""
-  multi_host_flags = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  if any(flag is not None for flag in multi_host_flags):
-    if None in multi_host_flags:
-      raise app.UsageError('--coordinator_address, --num_processes and --process_id go together')
-    jax.distributed.initialize(*multi_host_flags)
+  if given := multi_host_flags():
+    jax.distributed.initialize(*given)
   else:
     try:
       jax.distributed.initialize()
