@@ -1,6 +1,7 @@
 """Translation of raw sentences with a trained run: `Translator` (beam search over all local
 devices, sentences grouped by length) and `load` (a workdir's translator and parameters)."""
 
+import math
 import sys
 import time
 
@@ -226,11 +227,17 @@ class Translator:
 def define_decoding_flags():
   """--average_last, --beam_size and --alpha, which every command that translates takes; their
   defaults are the run's config's."""
-  return (flags.DEFINE_integer('average_last', None,
-                               'Average the last N checkpoints (default: the config\'s '
-                               'average_last, as the paper evaluates: 5 for base, 20 for big).'),
-          flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).'),
-          flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).'))
+  average_last = flags.DEFINE_integer('average_last', None,
+                                      'Average the last N checkpoints (default: the config\'s '
+                                      'average_last, as the paper evaluates: 5 for base, 20 for '
+                                      'big).')
+  beam_size = flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).',
+                                   lower_bound=1)
+  alpha = flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
+  # A bound alone lets nan and inf through.
+  flags.register_validator(alpha, lambda value: value is None or 0 <= value < math.inf,
+                           'must be a finite number >= 0 (0: no length penalty)')
+  return average_last, beam_size, alpha
 
 
 def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
