@@ -621,9 +621,19 @@ def test_missing_files_and_directories_and_unknown_datasets(tmp_path):
     data.split_texts(config, 'test')
 
   config = default.get_config()
-  config.update(dataset='no_such_dataset/de-en', tfds_data_dir=str(tmp_path / 'tfds'))
-  with pytest.raises(data.DataError, match=r"config.dataset='no_such_dataset/de-en': no such"):
-    data.split_texts(config, 'train')
+  config.tfds_data_dir = str(tmp_path / 'tfds')
+  for dataset, message in (
+      ('no_such_dataset/de-en', 'no such TFDS dataset; use '),
+      ('wmt14_translate/de-em', "wmt14_translate has no config 'de-em'; use one of "
+                                "'wmt14_translate/cs-en', 'wmt14_translate/de-en', "),
+      ('wmt14_translate/de-en:9.9.9', 'Dataset wmt14_translate cannot be loaded at version 9.9.9, '
+                                      'only: 1.0.0.'),
+      ('wmt14_translate/de-en:last', 'not a TFDS name (NAME/CONFIG[:VERSION]); use ')):
+    config.dataset = dataset
+    with pytest.raises(data.DataError) as error:
+      data.split_texts(config, 'train')
+    assert str(error.value).startswith(f'config.dataset={dataset!r}: {message}')
+  assert not os.path.exists(config.tfds_data_dir)
 
 
 def test_bad_multi30k_directory_names_the_file(tmp_path):

@@ -144,17 +144,28 @@ def _tfds_builder(config: ml_collections.ConfigDict):
   """config.dataset's TFDS builder, downloaded and prepared (once) as array_record files.
 
   Raises:
-    DataError: no such dataset, or a download failed (the message lists the files to fetch by
+    DataError: no such dataset, config or version, or a download failed (the message lists the files to fetch by
       hand into config.manual_dir), or a file there does not match its registered checksum.
   """
   # TFDS registers its translation builders only when their package is imported.
   import tensorflow_datasets.translate  # pylint: disable=g-import-not-at-top,unused-import
+  bad = f'config.dataset={config.dataset!r}'
+  try:
+    name, kwargs = tfds.core.naming.parse_builder_name_kwargs(config.dataset)
+    builder_configs = tfds.builder_cls(str(name)).builder_configs
+  except tfds.core.registered.DatasetNotFoundError:  # a ValueError too
+    raise DataError(f'{bad}: no such TFDS dataset; use {_DATASETS}') from None
+  except ValueError:
+    raise DataError(f'{bad}: not a TFDS name (NAME/CONFIG[:VERSION]); use {_DATASETS}') from None
+  if builder_configs and kwargs.get('config') not in builder_configs:
+    raise DataError(f'{bad}: {name} has no config {kwargs.get("config")!r}; use one of '
+                    + ', '.join(f"'{name}/{pair}'" for pair in builder_configs))
   try:
     builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir or None,
                            file_format='array_record')
-  except tfds.core.registered.DatasetNotFoundError:
-    raise DataError(f'config.dataset={config.dataset!r}: no such TFDS dataset; use '
-                    f'{_DATASETS}') from None
+  except (AssertionError, TypeError) as error:  # how TFDS refuses a version or an argument
+    why = str(error).split('": ', 1)[-1]  # after TFDS's repeat of the builder's arguments
+    raise DataError(f'{bad}: {why}') from None
   if not builder.is_prepared():
     logging.info('preparing %s in %s', builder.info.full_name, builder.data_dir)
     began = time.time()
