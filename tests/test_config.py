@@ -432,6 +432,9 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   for key in trainer.IMPLEMENTATION_KEYS:  # added to the model's keys
     del stored['model'][key]
   (tmp_path / 'config.json').write_text(json.dumps(stored))
+  # A run's: its vocabulary beside it binds the workdir to the config.
+  (tmp_path / 'vocab').mkdir()
+  (tmp_path / 'vocab' / 'sentencepiece.model').write_bytes(b'')
   config = config_lib.load_workdir_config(str(tmp_path))
   assert {key: config[key] for key in config_lib.ADDED_KEYS} == config_lib.ADDED_KEYS
   assert config_lib.model_config(config).norm_implementation == 'xla'

@@ -327,6 +327,21 @@ def test_resuming_with_another_model_is_refused(full_run):
     train_in_process(full_run, **{'model.d_ff': 128})
 
 
+def test_a_start_that_failed_on_its_data_binds_nothing(tmp_path):
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(data.DataError, match="config.dataset='no_such/de-en': no such TFDS"):
+    train_in_process(workdir, dataset='no_such/de-en', tfds_data_dir=str(tmp_path / 'tfds'))
+  assert os.listdir(workdir) == ['config.json']
+  train_in_process(workdir, num_train_steps=2, checkpoint_every_steps=0)  # the corrected command
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    assert json.load(f)['dataset'] == 'synthetic'
+  # Its vocabulary binds the workdir to it, checkpoints or not.
+  shutil.rmtree(os.path.join(workdir, 'checkpoints'))
+  with pytest.raises(config_lib.ConfigError, match="config.dataset='no_such/de-en' conflicts "
+                                                   "with 'synthetic' in"):
+    train_in_process(workdir, dataset='no_such/de-en')
+
+
 @pytest.mark.parametrize('damage', ['truncate', pytest.param('delete', marks=pytest.mark.slow)])
 def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, tmp_path, damage):
   workdir = os.path.join(str(tmp_path), 'run')

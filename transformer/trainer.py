@@ -24,6 +24,7 @@ from jax.experimental import multihost_utils
 from transformer import config as config_lib
 from transformer import bleu, compiled, data, metrics, model, train_step, translate
 from transformer.checkpoints import Checkpoints, local_copy, state_shapes
+from transformer.data import vocabulary
 from transformer.files import write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
@@ -46,10 +47,15 @@ class TrainingError(RuntimeError):
 
 
 def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
-  """Refuses to resume with different model or data keys, then records the resolved config."""
+  """Refuses to resume with different model or data keys, then records the resolved config.
+
+  A config.json alone binds nothing: a start that failed before its vocabulary (a mistyped
+  dataset or path) is replaced by the next.
+  """
   path = epath.Path(workdir) / 'config.json'
   current = json.loads(config.to_json())
-  if path.exists():
+  made = (epath.Path(workdir, vocabulary.MODEL_FILE), epath.Path(workdir, 'checkpoints'))
+  if path.exists() and any(made_path.exists() for made_path in made):
     stored = config_lib.with_added_keys(json.loads(path.read_text()))
     for key in RESUME_KEYS:
       old, new = stored.get(key), current[key]
