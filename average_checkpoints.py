@@ -18,7 +18,7 @@ from etils import epath
 from transformer import checkpoints
 from transformer import config as config_lib
 from transformer.data import vocabulary
-from transformer.files import write_atomically
+from transformer.files import DirectoryError, make_directory, write_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average.')
 _AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'How many of the newest checkpoints '
@@ -33,9 +33,10 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
+    make_directory(_OUTPUT_DIR.value, '--output_dir')
     last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
     steps = checkpoints.write_average(_WORKDIR.value, _OUTPUT_DIR.value, config, last)
-  except (config_lib.ConfigError, checkpoints.CheckpointError) as error:
+  except (config_lib.ConfigError, checkpoints.CheckpointError, DirectoryError) as error:
     sys.exit(f'average_checkpoints.py: {error}')
   averaged_config = json.loads(config.to_json())
   averaged_config['average_last'] = 1

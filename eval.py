@@ -17,7 +17,7 @@ import time
 from absl import app, flags, logging
 
 from transformer import bleu, checkpoints, data, translate
-from transformer.files import write_atomically
+from transformer.files import DirectoryError, make_directory, write_atomically
 from transformer import config as config_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json, checkpoints/).')
@@ -53,14 +53,16 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
-    # The texts first: a bad input file fails before the model is loaded.
+    # The texts and the output directory first: bad ones fail before the model is loaded.
     sources, references, name = evaluation_texts(config_lib.load_workdir_config(_WORKDIR.value))
+    make_directory(_OUTPUT_DIR.value, '--output_dir')
     translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
                                                        _BEAM_SIZE.value, _ALPHA.value)
     began = time.time()
     hypotheses = translator.translate(params, sources, progress=True)
     seconds = time.time() - began
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, EvalError) as error:
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, DirectoryError,
+          EvalError) as error:
     sys.exit(f'eval.py: {error}')
   sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
   compound_split = config_lib.compound_split(config)

@@ -14,6 +14,7 @@ from absl import app, flags
 
 from transformer import checkpoints, data, plots, translate
 from transformer import config as config_lib
+from transformer.files import DirectoryError, make_directory
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
                                'checkpoints/).')
@@ -30,13 +31,16 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   if not _SENTENCE.value.strip():
     sys.exit('plot_attention.py: --sentence is empty; give the sentence to translate')
+  output_dir = _OUTPUT_DIR.value or os.path.join(_WORKDIR.value, 'attention')
   try:
+    config_lib.load_workdir_config(_WORKDIR.value)  # a wrong --workdir fails before output_dir
+    make_directory(output_dir, '--output_dir')
     translation, figures = plots.attention_figures(_WORKDIR.value, _SENTENCE.value,
                                                    _AVERAGE_LAST.value, _BEAM_SIZE.value,
                                                    _ALPHA.value)
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError) as error:
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
+          DirectoryError) as error:
     sys.exit(f'plot_attention.py: {error}')
-  output_dir = _OUTPUT_DIR.value or os.path.join(_WORKDIR.value, 'attention')
   print(f'translation: {translation}')
   for name, figure in figures.items():
     path = os.path.join(output_dir, f'{name}.png')

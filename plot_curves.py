@@ -11,6 +11,7 @@ import sys
 from absl import app, flags
 
 from transformer import plots
+from transformer.files import DirectoryError, make_directory
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'A train.py workdir (repeat to compare '
                                       'runs).')
@@ -22,15 +23,16 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   workdirs = _WORKDIRS.value
+  output = _OUTPUT.value or os.path.join(workdirs[0], 'curves.png')
   try:
     runs = {name: plots.read_metrics(w) for name, w in zip(plots.run_names(workdirs), workdirs)}
-  except plots.PlotError as error:
+    make_directory(os.path.dirname(output) or '.', f'--output={output}')
+  except (plots.PlotError, DirectoryError) as error:
     sys.exit(f'plot_curves.py: {error}')
   for name, rows in runs.items():
     if rows and not any('time' in row for row in rows):
       print(f'plot_curves.py: {name} logged no wall-clock times (a run from before they were '
             'logged): its curves are against step only', file=sys.stderr)
-  output = _OUTPUT.value or os.path.join(workdirs[0], 'curves.png')
   plots.save(plots.curves(runs), output)
   print(f'wrote {output}')
 

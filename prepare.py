@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from transformer import config as config_lib
 from transformer import data
 from transformer.data import prepare
+from transformer.files import DirectoryError
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).',
                                           lock_config=True)
@@ -29,7 +30,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     summary = prepare.prepare(config_lib.validate(_CONFIG.value))
-  except (config_lib.ConfigError, data.DataError) as error:
+  except (config_lib.ConfigError, data.DataError, DirectoryError) as error:
     sys.exit(f'prepare.py: {error}')
   print('\n'.join(summary))
 

@@ -7,6 +7,7 @@ reads --input (default: stdin) and writes --output (default: stdout), with the m
 last average_last checkpoints and its beam search settings unless the flags say otherwise.
 """
 
+import os
 import sys
 import time
 
@@ -14,7 +15,7 @@ from absl import app, flags, logging
 
 from transformer import checkpoints, data, translate
 from transformer import config as config_lib
-from transformer.files import write_atomically
+from transformer.files import DirectoryError, make_directory, write_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
                                'checkpoints/).')
@@ -30,12 +31,15 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     config_lib.load_workdir_config(_WORKDIR.value)  # a wrong --workdir fails before stdin is read
+    if _OUTPUT.value:
+      make_directory(os.path.dirname(_OUTPUT.value) or '.', f'--output={_OUTPUT.value}')
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
     sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
                  data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
     translator, params, _, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
                                                   _BEAM_SIZE.value, _ALPHA.value)
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, OSError) as error:
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, DirectoryError,
+          OSError) as error:
     sys.exit(f'translate.py: {error}')
   began = time.time()
   try:

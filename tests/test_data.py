@@ -633,7 +633,7 @@ def test_missing_files_and_directories_and_unknown_datasets(tmp_path):
     with pytest.raises(data.DataError) as error:
       data.split_texts(config, 'train')
     assert str(error.value).startswith(f'config.dataset={dataset!r}: {message}')
-  assert not os.path.exists(config.tfds_data_dir)
+  assert os.listdir(config.tfds_data_dir) == []  # nothing downloaded or prepared
 
 
 def test_bad_multi30k_directory_names_the_file(tmp_path):

@@ -179,6 +179,32 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   assert not (tmp_path / 'scores.json').exists()
 
 
+IN_THE_WAY = 'a file of that name exists'
+
+
+@pytest.mark.parametrize('command,why', [
+    (('eval.py', '--output_dir=FILE'),
+     f'--output_dir: FILE cannot be made a directory ({IN_THE_WAY})'),
+    (('average_checkpoints.py', '--output_dir=FILE/run'),
+     '--output_dir: FILE/run cannot be made a directory (Not a directory)'),
+    (('translate.py', '--output=FILE/out.txt'),
+     f'--output=FILE/out.txt: FILE cannot be made a directory ({IN_THE_WAY})'),
+    (('plot_curves.py', '--output=FILE/curves.png'),
+     f'--output=FILE/curves.png: FILE cannot be made a directory ({IN_THE_WAY})'),
+    (('plot_attention.py', '--sentence=a', '--output_dir=FILE'),
+     f'--output_dir: FILE cannot be made a directory ({IN_THE_WAY})'),
+])
+def test_an_output_path_under_a_file_stops_the_command_first(workdir, tmp_path, command, why):
+  file = str(tmp_path / 'file')
+  open(file, 'w', encoding='utf-8').close()
+  script, *args = command
+  result = run_script(script, f'--workdir={workdir}', *[a.replace('FILE', file) for a in args],
+                      stdin='a\n')
+  assert error_line(result) == f'{script}: {why.replace("FILE", file)}; give a directory path'
+  assert 'translated' not in result.stderr  # before any translating
+  assert os.listdir(tmp_path) == ['file']
+
+
 def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
   bad, good = tmp_path / 'bad.txt', tmp_path / 'good.txt'
   bad.write_bytes(b'A man.\n\xff\xfe dog\n')

@@ -188,3 +188,8 @@ def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):
                       f'--config.train_files={tmp_path}/absent.{{lang}}')
   assert error_line(result) == (f'prepare.py: {tmp_path}/absent.en: no such file; check '
                                 'config.train_files (one sentence per line, optional .gz)')
+  file = tmp_path / 'file'
+  file.write_text('', encoding='utf-8')
+  result = run_script('prepare.py', '--config=configs/tiny.py', f'--config.tfds_data_dir={file}')
+  assert error_line(result) == (f'prepare.py: config.tfds_data_dir: {file} cannot be made a '
+                                'directory (a file of that name exists); give a directory path')

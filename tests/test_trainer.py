@@ -27,6 +27,7 @@ from configs import tiny
 from transformer import config as config_lib
 from transformer import compiled, data, metrics, train_step, trainer
 from transformer.checkpoints import CheckpointError, Checkpoints
+from transformer.files import DirectoryError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -325,6 +326,18 @@ def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path,
 def test_resuming_with_another_model_is_refused(full_run):
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=128 conflicts with 64 in'):
     train_in_process(full_run, **{'model.d_ff': 128})
+
+
+def test_a_workdir_or_cache_that_cannot_be_a_directory_is_named(tmp_path):
+  file = tmp_path / 'file'
+  file.write_text('', encoding='utf-8')
+  with pytest.raises(DirectoryError, match=re.escape(
+      f'--workdir: {file} cannot be made a directory (a file of that name exists)')):
+    train_in_process(str(file))
+  with pytest.raises(DirectoryError, match=re.escape(
+      f'config.compilation_cache_dir: {file}/jax cannot be made a directory (Not a directory)')):
+    train_in_process(str(tmp_path / 'run'), compilation_cache_dir=f'{file}/jax')
+  assert os.listdir(tmp_path) == ['file']
 
 
 def test_a_start_that_failed_on_its_data_binds_nothing(tmp_path):

@@ -20,7 +20,7 @@ from absl import flags, logging
 from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 from etils import epath
 
-from transformer import fused_attention
+from transformer import files, fused_attention
 from transformer.model import TransformerConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -355,10 +355,16 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 
 
 def use_compilation_cache(config: ml_collections.ConfigDict):
-  """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs."""
+  """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs.
+
+  Raises:
+    files.DirectoryError: it cannot be a directory (JAX would warn at every program and compile
+      on).
+  """
   if config.compilation_cache_dir:
-    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(
-        config.compilation_cache_dir))
+    path = os.path.expanduser(config.compilation_cache_dir)
+    files.make_directory(path, 'config.compilation_cache_dir')
+    jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 
 
@@ -422,7 +428,7 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   path = epath.Path(workdir) / 'config.json'
   try:
     config = ml_collections.ConfigDict(with_added_keys(json.loads(path.read_text())))
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     raise ConfigError(f'{path} not found: --workdir must be a directory train.py wrote') from None
   except json.JSONDecodeError as error:
     raise ConfigError(f'{path} is not valid JSON ({error}); restore it from the config '

@@ -18,6 +18,30 @@ def absolute(path: str) -> str:
   return os.fspath(path) if is_remote(path) else os.path.abspath(path)
 
 
+class DirectoryError(ValueError):
+  """A directory a command writes to cannot be made; the message names the flag or key."""
+
+
+def make_directory(path: str, given_by: str):
+  """Makes the directory `path`, and its parents, where missing: before a command's work, so that
+  a wrong path fails first.
+
+  Args:
+    path: the directory.
+    given_by: the flag or key it comes from, for the error ('--output_dir').
+
+  Raises:
+    DirectoryError: a file is in the way, or no permission; the message says which.
+  """
+  try:
+    epath.Path(path).mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    why = ('a file of that name exists' if isinstance(error, FileExistsError) else
+           error.strerror or str(error))
+    raise DirectoryError(f'{given_by}: {path} cannot be made a directory ({why}); give a '
+                         'directory path') from None
+
+
 @contextlib.contextmanager
 def open_atomically(path: str, mode: str = 'wb'):
   """A file opened for writing (`mode` 'wb' or 'w', UTF-8) that appears at `path` whole, once

@@ -25,7 +25,7 @@ from transformer import config as config_lib
 from transformer import bleu, compiled, data, metrics, model, train_step, translate
 from transformer.checkpoints import Checkpoints, local_copy, state_shapes
 from transformer.data import vocabulary
-from transformer.files import write_atomically
+from transformer.files import make_directory, write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
@@ -387,7 +387,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   # workdir as it was.
   model_config = config_lib.model_config(config)
   steps = train_step.StepFunctions(config, model_config)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  make_directory(workdir, '--workdir')
   check_and_write_config(config, workdir)
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())

@@ -144,8 +144,9 @@ def _tfds_builder(config: ml_collections.ConfigDict):
   """config.dataset's TFDS builder, downloaded and prepared (once) as array_record files.
 
   Raises:
-    DataError: no such dataset, config or version, or a download failed (the message lists the files to fetch by
-      hand into config.manual_dir), or a file there does not match its registered checksum.
+    DataError: no such dataset, config or version, or a download failed (the message lists the
+      files to fetch by hand into config.manual_dir), or a file there does not match its
+      registered checksum.
   """
   # TFDS registers its translation builders only when their package is imported.
   import tensorflow_datasets.translate  # pylint: disable=g-import-not-at-top,unused-import
@@ -197,9 +198,15 @@ def prepared_dir(config: ml_collections.ConfigDict) -> str:
 
 
 def load_split(config: ml_collections.ConfigDict, split: str) -> Corpus:
-  """The pairs of `split` ('train', 'validation' or 'test') in config.source/target_lang order."""
+  """The pairs of `split` ('train', 'validation' or 'test') in config.source/target_lang order.
+
+  Raises:
+    DataError: the data cannot be read; the message names the file or key.
+    files.DirectoryError: config.tfds_data_dir, where prepared data goes, cannot be a directory.
+  """
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}; use one of {", ".join(SPLITS)}')
+  files.make_directory(prepared_dir(config), 'config.tfds_data_dir')
   if config.dataset == 'synthetic':
     return _synthetic_corpus(split)
   if config.dataset == 'text':
