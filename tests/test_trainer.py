@@ -323,6 +323,16 @@ def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path,
   assert not workdir.exists()
 
 
+def test_a_run_resumed_at_or_past_its_last_step_says_there_is_nothing_to_train(full_run,
+                                                                                tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(full_run, workdir)
+  logged = train_in_process(workdir, num_train_steps=50)
+  assert ('checkpoint 100 is at or past config.num_train_steps=50: nothing to train (raise '
+          'num_train_steps to train on; eval.py scores the run)') in logged
+  assert Checkpoints(workdir, 3).all_steps() == [50, 100]
+
+
 def test_resuming_with_another_model_is_refused(full_run):
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=128 conflicts with 64 in'):
     train_in_process(full_run, **{'model.d_ff': 128})

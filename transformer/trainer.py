@@ -425,7 +425,11 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   scheduled = (config.log_every_steps, config.eval_every_steps, config.bleu_every_steps,
                config.checkpoint_every_steps)
   began, stream = time.time(), batches
-  if start_step < config.num_train_steps:  # the final BLEU translates validation and test
+  if start_step >= config.num_train_steps:
+    logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train (raise '
+                    'num_train_steps to train on; eval.py scores the run)', start_step,
+                    config.num_train_steps)
+  else:  # the final BLEU translates validation and test
     first = next(batches)
     stream = itertools.chain([first], batches)
     if jax.process_count() == 1:  # where compile_ahead runs
