@@ -130,6 +130,9 @@ def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabula
     vocab = Vocabulary(epath.Path(path).read_bytes())
   except FileNotFoundError:
     raise DataError(f'{path} not found: --workdir must be a directory train.py wrote') from None
+  except RuntimeError:  # SentencePiece's parse error: a C++ source line, nothing about the file
+    raise DataError(f'{path} is damaged: SentencePiece cannot read it; restore it from a copy '
+                    "(train.py keeps one under config.tfds_data_dir's vocabularies/)") from None
   if vocab.vocab_size != config.vocab_size:
     raise DataError(f'{path} has {vocab.vocab_size} pieces but config.vocab_size='
                     f'{config.vocab_size}; use {vocab.vocab_size} or a new --workdir')
