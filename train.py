@@ -31,8 +31,8 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def multi_host_flags() -> tuple[str, int, int] | None:
   """(--coordinator_address, --num_processes, --process_id), checked; None where none is given.
 
-  JAX's own checks end in a traceback, and a coordinator it cannot reach in a 5-minute wait that
-  aborts the process: a mistyped host fails here instead.
+  JAX reports a bad value with a traceback, and an unknown host by aborting the process after a
+  5-minute wait: both fail here first, in one line.
   """
   address, num_processes, process_id = given = (_COORDINATOR.value, _NUM_PROCESSES.value,
                                                 _PROCESS_ID.value)
