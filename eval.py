@@ -46,6 +46,8 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   if len(sources) != len(references):
     raise EvalError(f'{_SOURCE_FILE.value} has {len(sources)} lines but {_REFERENCE_FILE.value} '
                     f'has {len(references)}: they must be aligned line by line')
+  if not sources:
+    raise EvalError(f'{_SOURCE_FILE.value} is empty: give one sentence per line to evaluate')
   return sources, references, _SOURCE_FILE.value
 
 

@@ -176,6 +176,11 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
                                f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
       f'eval.py: {source} has 2 lines but {reference} has 1: they must be aligned line by line')
+  for text in (source, reference):
+    text.write_text('', encoding='utf-8')
+  assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
+                               f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
+      f'eval.py: {source} is empty: give one sentence per line to evaluate')
   assert not (tmp_path / 'scores.json').exists()
 
 
