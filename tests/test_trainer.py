@@ -259,24 +259,53 @@ def test_closing_the_evaluator_stops_compiling_ahead_after_the_program_at_hand(t
   assert len(searches._lowered) >= 2 and not searches.compiled
 
 
-def test_sigterm_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path):
+def test_a_second_ctrl_c_ends_at_once_and_an_ignored_one_stays_ignored():
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+  try:
+    preemption = trainer._Preemption()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert (preemption.received, preemption.signal_name) == (True, 'SIGINT')
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+    preemption.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a script's background job
+    preemption = trainer._Preemption()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert not preemption.received and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    preemption.restore()
+  finally:
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path, signum):
   # A BLEU evaluation at step 30, one sentence per beam-search call: long enough to be cut.
   workdir = str(tmp_path)
-  process = subprocess.Popen(
-      train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
-      cwd=ROOT, env=_env(4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  # A handled SIGINT is the default again in the child: ignored (tests run in the background),
+  # it would stay ignored.
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    process = subprocess.Popen(
+        train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
+        cwd=ROOT, env=_env(4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  finally:
+    signal.signal(signal.SIGINT, before)
   seen = []
   for line in process.stderr:  # until the evaluation starts
     seen.append(line)
     if 'translating validation' in line:
       break
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(signum)  # SIGINT: Ctrl-C
   signalled = time.time()
   stderr = ''.join(seen) + process.communicate(timeout=300)[1]
   assert process.returncode == 0, stderr[-3000:]
   assert time.time() - signalled < 10  # a checkpoint, not the evaluation, before the exit
   assert 'validation BLEU at step 30: translation stopped after' in stderr
-  assert 'SIGTERM: saved a checkpoint at step 30; stopping' in stderr
+  assert f'{signum.name}: saved a checkpoint at step 30; stopping' in stderr
+  assert ('Ctrl-C: a checkpoint of this step, then the end; Ctrl-C again ends at once' in
+          stderr) == (signum == signal.SIGINT)
   assert Checkpoints(workdir).all_steps() == [30]
   assert not [r for r in read_metrics(workdir) if 'sacrebleu' in r]
 

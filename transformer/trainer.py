@@ -81,18 +81,28 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
 
 
 class _Preemption:
-  """Remembers a SIGTERM so the loop can checkpoint at the current step and stop cleanly."""
+  """Remembers a SIGTERM (preemption) or a first Ctrl-C (SIGINT) so the loop can checkpoint at the
+  current step and stop cleanly; a second Ctrl-C stops at once."""
 
   def __init__(self):
     self.received = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self.signal_name = 'a signal to another host'  # what `received` comes from, once it is true
+    signums = [signal.SIGTERM]
+    # A SIGINT that was ignored stays so, as for a job a script starts in the background.
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+      signums.append(signal.SIGINT)
+    self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.received = True
+    del frame
+    self.received, self.signal_name = True, signal.Signals(signum).name
+    if signum == signal.SIGINT:
+      signal.signal(signum, self._previous[signum])
+      logging.warning('Ctrl-C: a checkpoint of this step, then the end; Ctrl-C again ends at once')
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def _agree(*flags: bool) -> tuple[bool, ...]:
@@ -369,7 +379,7 @@ def _every_between(start: int, end: int, interval: int) -> bool:
 def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator, stop):
   """Both BLEUs on validation and test with the mean of the last config.average_last
   checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper); a
-  SIGTERM (`stop`) ends them, the checkpoints being written."""
+  SIGTERM or Ctrl-C (`stop`) ends them, the checkpoints being written."""
   checkpoints.wait()
   params, steps = checkpoints.mean_params(config.average_last, state_shapes(config))
   params = train_step.replicate(params)
@@ -473,7 +483,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         last_save = time.time()
         log.restart_clock()
       if preempted:
-        logging.info('SIGTERM: saved a checkpoint at step %d; stopping', step)
+        logging.info('%s: saved a checkpoint at step %d; stopping', preemption.signal_name, step)
         break
     else:
       if start_step < config.num_train_steps:
