@@ -13,7 +13,7 @@ import requests
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import downloader
 
-from configs import default
+from configs import default, multi30k
 from conftest import error_line, run_script
 from test_data import text_config
 from transformer import config as config_lib
@@ -151,10 +151,11 @@ def test_prepare_a_tfds_dataset_with_mock_data(tmp_path):
                                          'info.json'))
 
 
-def test_a_failed_download_names_the_files_to_fetch_by_hand(tmp_path, monkeypatch):
-  def no_network(url, **kwargs):
-    raise requests.ConnectionError(f'no route to {url}')
+def no_network(url, **kwargs):
+  raise requests.ConnectionError(f'no route to {url}')
 
+
+def test_a_failed_download_names_the_files_to_fetch_by_hand(tmp_path, monkeypatch):
   monkeypatch.setattr(downloader, '_open_url', no_network)
   config = default.get_config()
   config.update(tfds_data_dir=str(tmp_path / 'tfds'))
@@ -181,6 +182,24 @@ def test_a_failed_download_names_the_files_to_fetch_by_hand(tmp_path, monkeypatc
       f'does not match its registered checksum (check the copies in config.manual_dir='
       f"'{manual}'")):
     prepare.prepare(config)
+
+
+def test_a_failed_multi30k_download_names_the_files_to_fetch_by_hand(tmp_path, monkeypatch):
+  # The download manager itself fails: with `_open_url` patched, its threads would go on fetching
+  # the other files after the test, through the network.
+  monkeypatch.setattr(tfds.download.DownloadManager, 'download',
+                      lambda manager, urls: no_network(next(iter(urls.values()))))
+  config = multi30k.get_config()
+  config.update(tfds_data_dir=str(tmp_path))
+  with pytest.raises(data.DataError) as error:
+    prepare.prepare(config)
+  message = str(error.value)
+  assert message.startswith('multi30k: a download failed (ConnectionError: no route to https://')
+  assert message.endswith(
+      '; fetch train.en.gz, train.de.gz, train.fr.gz, val.en.gz, val.de.gz, val.fr.gz, '
+      'test_2016_flickr.en.gz, test_2016_flickr.de.gz, test_2016_flickr.fr.gz by hand from '
+      'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/ into one '
+      'directory and pass it as --config.manual_dir=DIR')
 
 
 def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):

@@ -1,4 +1,13 @@
-"""The one exception the input pipeline raises for bad data or settings."""
+"""The one exception the input pipeline raises for bad data or settings, and the errors of a
+failed download that it turns into one."""
+
+import urllib.error
+
+import requests
+import tensorflow_datasets as tfds
+
+# What TFDS's download manager raises when a file cannot be fetched.
+DOWNLOAD_ERRORS = (tfds.download.DownloadError, requests.RequestException, urllib.error.URLError)
 
 
 class DataError(ValueError):

@@ -14,7 +14,7 @@ from etils import epath
 
 from transformer import files
 from transformer.data import text_files
-from transformer.data.errors import DataError
+from transformer.data.errors import DOWNLOAD_ERRORS, DataError
 
 LANGUAGES = ('en', 'de', 'fr')
 FILE_PREFIXES = {'train': 'train', 'validation': 'val', 'test': 'test_2016_flickr'}
@@ -26,8 +26,13 @@ def source_files(local_dir: str, download_dir: str) -> dict[str, str]:
   """{file name: path} of the nine files: those in `local_dir`, or else downloaded (once, then
   reused) into `download_dir`."""
   if not local_dir:
-    downloaded = tfds.download.DownloadManager(download_dir=download_dir).download(
-        {name: URL.format(name=name) for name in FILE_NAMES})
+    urls = {name: URL.format(name=name) for name in FILE_NAMES}
+    try:
+      downloaded = tfds.download.DownloadManager(download_dir=download_dir).download(urls)
+    except DOWNLOAD_ERRORS as error:
+      raise DataError(f'multi30k: a download failed ({type(error).__name__}: {error}); fetch '
+                      f'{", ".join(FILE_NAMES)} by hand from {URL.format(name="")} into one '
+                      'directory and pass it as --config.manual_dir=DIR') from None
     return {name: os.fspath(path) for name, path in downloaded.items()}
   paths = {name: os.path.join(local_dir, name) for name in FILE_NAMES}
   for path in paths.values():

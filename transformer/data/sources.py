@@ -10,18 +10,16 @@ import functools
 import hashlib
 import os
 import time
-import urllib.error
 from collections.abc import Callable, Sequence
 
 import ml_collections
-import requests
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
 from transformer import files
 from transformer.data import multi30k, synthetic, text_files
-from transformer.data.errors import DataError
+from transformer.data.errors import DOWNLOAD_ERRORS, DataError
 
 SPLITS = ('train', 'validation', 'test')
 _DATASETS = ("a TFDS translation dataset such as 'wmt14_translate/de-en', or 'multi30k', 'text' "
@@ -177,8 +175,7 @@ def _tfds_builder(config: ml_collections.ConfigDict):
       raise DataError(f'{builder.info.full_name}: a file does not match its registered checksum '
                       f'(check the copies in config.manual_dir={config.manual_dir!r}, or delete '
                       f'the partial download): {str(error).splitlines()[0]}') from None
-    except (tfds.download.DownloadError, requests.RequestException,
-            urllib.error.URLError) as error:
+    except DOWNLOAD_ERRORS as error:
       raise _download_failed(builder, error, config.manual_dir) from None
     logging.info('prepared %s in %.1f s', builder.info.full_name, time.time() - began)
   return builder
