@@ -27,6 +27,7 @@ from transformer import files, train_step
 from transformer.packing import pack, unpack
 
 STATE, META, LAYOUT = 'state', 'meta', 'layout'
+CHECKPOINTS_DIR = 'checkpoints'  # in a workdir
 
 
 def _orbax_warnings_only(record) -> bool:
@@ -73,7 +74,7 @@ class Checkpoints:
 
   def __init__(self, workdir: str, keep: int | None = None):
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
-    self.directory = os.path.join(files.absolute(workdir), 'checkpoints')
+    self.directory = os.path.join(files.absolute(workdir), CHECKPOINTS_DIR)
     self.manager = ocp.CheckpointManager(
         self.directory, item_names=(STATE, META, LAYOUT),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
 from transformer import bleu, compiled, data, metrics, model, train_step, translate
-from transformer.checkpoints import Checkpoints, local_copy, state_shapes
+from transformer.checkpoints import CHECKPOINTS_DIR, Checkpoints, local_copy, state_shapes
 from transformer.data import vocabulary
 from transformer.files import make_directory, write_atomically
 
@@ -54,7 +54,7 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
   """
   path = epath.Path(workdir) / 'config.json'
   current = json.loads(config.to_json())
-  made = (epath.Path(workdir, vocabulary.MODEL_FILE), epath.Path(workdir, 'checkpoints'))
+  made = (epath.Path(workdir, vocabulary.MODEL_FILE), epath.Path(workdir, CHECKPOINTS_DIR))
   if path.exists() and any(made_path.exists() for made_path in made):
     stored = config_lib.with_added_keys(json.loads(path.read_text()))
     for key in RESUME_KEYS:
