@@ -451,18 +451,24 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
 
 def test_the_multi30k_config_quotes_its_measured_results():
   """The figures in configs/multi30k.py's docstring and the README's results table are those of
-  the recipe's row in benchmarks/results/multi30k.json."""
+  the recipe's rows in benchmarks/results/multi30k.json, en-de and en-fr."""
   with open(os.path.join(ROOT, 'benchmarks', 'results', 'multi30k.json'), encoding='utf-8') as f:
-    recipe = json.load(f)['recipe']
-  test, validation = recipe['splits']['test'], recipe['splits']['validation']
-  quoted = (f'{recipe["train_minutes"]:.1f} minutes of training; test2016 sacreBLEU '
-            f'{test["sacrebleu"]:.2f} (paper BLEU {test["bleu_paper"]:.2f}), validation '
-            f'{validation["sacrebleu"]:.2f}.')
-  assert quoted in ' '.join(multi30k.__doc__.split())
+    rows = json.load(f)
+  docstring = ' '.join(multi30k.__doc__.split())
   with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
     readme = f.read()
-  assert (f'| Multi30k, `configs/multi30k.py` | en-de | test2016 | {test["sacrebleu"]:.2f} | '
-          f'{test["bleu_paper"]:.2f} | {recipe["train_minutes"]:.1f} minutes |') in readme
+  recipe, recipe_en_fr = rows['recipe'], rows['recipe_en-fr']
+  for row, config, quoted in [
+      (recipe, 'configs/multi30k.py', '{minutes} minutes of training; test2016 sacreBLEU {test} '
+       '(paper BLEU {paper}), validation {validation};'),
+      (recipe_en_fr, 'configs/multi30k.py:en-fr', '(`--pair=en-fr`): {minutes} minutes, test2016 '
+       '{test} ({paper}), validation {validation}.')]:
+    test, validation = row['splits']['test'], row['splits']['validation']
+    figures = dict(minutes=f'{row["train_minutes"]:.1f}', test=f'{test["sacrebleu"]:.2f}',
+                   paper=f'{test["bleu_paper"]:.2f}', validation=f'{validation["sacrebleu"]:.2f}')
+    assert quoted.format(**figures) in docstring
+    assert (f'| Multi30k, `{config}` | {row["pair"]} | test2016 | {figures["test"]} | '
+            f'{figures["paper"]} | {figures["minutes"]} minutes |') in readme
 
 
 @pytest.mark.parametrize('xla_flags, reason', [
