@@ -4,8 +4,8 @@ r"""Transformer base, WMT14 English->German: the paper's recipe (Vaswani et al. 
   python train.py --config=configs/default.py --workdir=runs/base_ende
 
 The paper: 27.3 BLEU on newstest2014 (`bleu_paper` in eval.py: tokenized, compound-split BLEU).
-Not run here yet; projected from the measured step time (0.029 s on one H100,
-`bash benchmarks/gpu_speed.sh ... base_train`), 100k steps take about 48 minutes there.
+Not run here yet; projected from the measured step time (0.0243 s on one H100,
+`bash benchmarks/gpu_speed.sh ... base_train`), 100k steps take about 41 minutes there.
 Every number below is the paper's unless its comment says otherwise.
 """
 
