@@ -57,7 +57,7 @@ def test_the_kernels_compute_dropout_the_residual_sum_and_layer_norm(dtype, exce
     np.testing.assert_array_equal(out, expected)
   else:
     # flax's variance is E[x^2] - E[x]^2, the kernel's E[(x - E[x])^2], summed its own way; a sum
-    # a rounding apart is a step of it over the rows' deviation (2.1 roundings, measured).
+    # a rounding apart is a step of it over the rows' deviation (2.1 roundings, excess_precision's).
     np.testing.assert_allclose(out, expected, rtol=0,
                                atol=4 * _rounding(dtype) * np.abs(expected).max())
   for name, got, want in zip(('residual', 'sublayer', 'scale', 'bias'), vjp(grads),
