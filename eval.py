@@ -16,7 +16,7 @@ import time
 
 from absl import app, flags, logging
 
-from transformer import bleu, checkpoints, data, translate
+from transformer import bleu, checkpoints, commands, data, translate
 from transformer.files import DirectoryError, make_directory, write_atomically
 from transformer import config as config_lib
 
@@ -56,7 +56,9 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     # The texts and the output directory first: bad ones fail before the model is loaded.
-    sources, references, name = evaluation_texts(config_lib.load_workdir_config(_WORKDIR.value))
+    stored_config = config_lib.load_workdir_config(_WORKDIR.value)
+    commands.set_up_jax(stored_config)
+    sources, references, name = evaluation_texts(stored_config)
     make_directory(_OUTPUT_DIR.value, '--output_dir')
     translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
                                                        _BEAM_SIZE.value, _ALPHA.value)

@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from transformer import checkpoints, data, plots, translate
+from transformer import checkpoints, commands, data, plots, translate
 from transformer import config as config_lib
 from transformer.files import DirectoryError, make_directory
 
@@ -33,7 +33,8 @@ def main(argv):
     sys.exit('plot_attention.py: --sentence is empty; give the sentence to translate')
   output_dir = _OUTPUT_DIR.value or os.path.join(_WORKDIR.value, 'attention')
   try:
-    config_lib.load_workdir_config(_WORKDIR.value)  # a wrong --workdir fails before output_dir
+    # A wrong --workdir fails before output_dir.
+    commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value))
     make_directory(output_dir, '--output_dir')
     translation, figures = plots.attention_figures(_WORKDIR.value, _SENTENCE.value,
                                                    _AVERAGE_LAST.value, _BEAM_SIZE.value,

@@ -15,8 +15,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer import commands, data
 from transformer import config as config_lib
-from transformer import data
 from transformer.data import prepare
 from transformer.files import DirectoryError
 
@@ -36,4 +36,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=config_lib.flags_parser('prepare.py'))
+  app.run(main, flags_parser=commands.flags_parser('prepare.py'))

@@ -14,7 +14,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import config as config_lib
-from transformer import checkpoints, data, trainer
+from transformer import checkpoints, commands, data, trainer
 from transformer.files import DirectoryError
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).',
@@ -77,7 +77,7 @@ def main(argv):
   # (the steps' dispatch too), then skip them.
   gc.freeze()
   try:
-    config_lib.use_xla_flags(config_lib.validate(_CONFIG.value))  # before JAX starts its backend
+    commands.set_up_jax(config_lib.validate(_CONFIG.value))  # before JAX starts its backend
     initialize_distributed()
     if jax.default_backend() == 'gpu':
       # The threads beside the loop (checkpoint saves, the evaluation programs' compilation) hand
@@ -92,4 +92,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=config_lib.flags_parser('train.py'))
+  app.run(main, flags_parser=commands.flags_parser('train.py'))

@@ -13,7 +13,7 @@ import time
 
 from absl import app, flags, logging
 
-from transformer import checkpoints, data, translate
+from transformer import checkpoints, commands, data, translate
 from transformer import config as config_lib
 from transformer.files import DirectoryError, make_directory, write_atomically
 
@@ -30,7 +30,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
-    config_lib.load_workdir_config(_WORKDIR.value)  # a wrong --workdir fails before stdin is read
+    # A wrong --workdir fails before stdin is read.
+    commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value))
     if _OUTPUT.value:
       make_directory(os.path.dirname(_OUTPUT.value) or '.', f'--output={_OUTPUT.value}')
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.

@@ -4,9 +4,8 @@ r"""Transformer base, WMT14 English->German: the paper's recipe (Vaswani et al. 
   python train.py --config=configs/default.py --workdir=runs/base_ende
 
 The paper: 27.3 BLEU on newstest2014 (`bleu_paper` in eval.py: tokenized, compound-split BLEU).
-Not run here yet; projected from the measured step time (0.0243 s on one H100,
-`bash benchmarks/gpu_speed.sh ... base_train`), 100k steps take about 41 minutes there.
-Every number below is the paper's unless its comment says otherwise.
+Not run here yet; the time a step takes on a GPU: docs/speed.md. Every number below is the
+paper's unless its comment says otherwise.
 """
 
 import ml_collections
@@ -54,32 +53,19 @@ def get_config():
       max_positions=512,  # size of the table if positional_encoding='learned'
       layer_norm='post',  # LayerNorm(x + Sublayer(x))
       layer_norm_epsilon=1e-6,  # not stated in the paper; t2t's value
-      # '' = by backend: on an NVIDIA GPU from Ampere on, in bfloat16 or float16, one Pallas kernel
-      # each way where rows are up to 128 positions (transformer/fused_attention.py), else
-      # cuDNN's; else XLA's.
+      # 'xla', 'cudnn' or 'pallas' (transformer/kernels); '' = the fastest this machine runs.
       attention_implementation='',
-      # 'xla', or 'pallas': in training, each sub-layer's dropout, residual sum and layer norm in
-      # one kernel each way on a GPU (transformer/fused_norm.py; post-norm, d_model a power of 2).
-      norm_implementation='xla',
       dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs
       param_dtype='float32',
   ))
 
   # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   config.label_smoothing = 0.1
-  # Target positions per chunk of the output projection and loss (transformer/loss.py): at most
-  # [chunk, vocab] logits exist at once, and chunks of padding are skipped. 0 = by backend: 256 on
-  # a CPU, the whole batch at once on an accelerator (transformer/config.py, loss_chunk).
-  config.loss_chunk_tokens = 0
-  # How the loss reads the logits (transformer/loss.py): 'separate' passes for the max and each
-  # sum, 'online', all in one pass, or 'pallas' (a GPU, no chunks), the gradient written in that
-  # pass too (transformer/fused_loss.py). '' = by backend: 'online' on a GPU, 'separate' elsewhere.
-  config.loss_reduction = ''
-  # How the attention's projections multiply (transformer/model.py): 'matrix', one [d_model, heads
-  # * depth] product, whose weight gradient XLA's GPU matmuls return in the kernel's own layout;
-  # 'heads', flax's DenseGeneral product over the head axes. The same parameters either way.
-  # '' = by backend: 'heads' on a CPU, where it trains ~5% faster, 'matrix' elsewhere.
-  config.attention_projection = ''
+  # How the loss and the projections compute, not what (transformer/kernels/README.md); '' or 0 =
+  # the fastest this machine runs (transformer/kernels/choice.py).
+  config.loss_chunk_tokens = 0  # target positions per chunk of the output projection and loss
+  config.loss_reduction = ''  # 'separate' passes over the logits, or 'online', one
+  config.attention_projection = ''  # 'heads' (DenseGeneral's product) or 'matrix'
   config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
   config.lr_scale = 1.0  # 'paper' only
   config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base
@@ -91,9 +77,9 @@ def get_config():
   config.num_train_steps = 100_000
   config.grad_accum_steps = 1  # raise to reach tokens_per_batch on fewer devices
   config.seed = 0
-  # Dropout's random bits (not in the paper): 'hash' (transformer/hash_rng.py) hashes each
-  # element's index with the key, the same bits on every backend and on CPU a small fraction of
-  # the cost of XLA's RngBitGenerator ('rbg', 'unsafe_rbg') or JAX's default 'threefry2x32'.
+  # Dropout's random bits (not in the paper): 'hash' (transformer/kernels/hash_rng.py) hashes each
+  # element's index with the key, the same bits on every backend and cheaper than JAX's generators
+  # ('rbg', 'unsafe_rbg', or its default 'threefry2x32').
   config.dropout_rng_impl = 'hash'
 
   # Logging, evaluation and checkpoints (0 = never).
@@ -119,24 +105,19 @@ def get_config():
   # German; comma-separated.
   config.compound_split_languages = 'de'
   # Source tokens x beam_size per beam-search call and device (not from the paper). 0 = by
-  # backend: the training batch's share on a CPU, 2**17 on an accelerator (config.py).
+  # machine: the training batch's share on a CPU, 2**17 on an accelerator.
   config.decode_batch_tokens = 0
 
   # Where compiled programs are kept for later runs and eval.py (empty = not kept), e.g.
   # ~/.cache/transformer-nmt/jax: a second run starts without compiling.
   config.compilation_cache_dir = ''
   # XLA flags for this run (space-separated '--xla_...=value'), added to the XLA_FLAGS environment
-  # variable when train.py or eval.py starts; a flag XLA_FLAGS already names keeps its value.
-  # On a GPU: cuBLAS for every matmul instead of XLA's Triton matmuls, and matmuls that share an
-  # input left apart (XLA's dot merger joins the attention's query, key and value projections, which
-  # cuDNN's attention then needs copied apart, and their gradients concatenated back). On an H100
-  # (docs/speed.md) this config's step ran 0.0345 s with XLA's defaults, 0.031 s without Triton's
-  # matmuls and 0.029 s without the merger too (Multi30k text, ~25k tokens per side); the base-size
-  # step 28.4 -> 27.2 ms, then 28.3 -> 27.5 ms. And the matmuls' weights sliced out of the packed
-  # parameters before the matmul: XLA (jax 0.11) otherwise has cuBLAS read each slice in place
-  # through a call its CUDA graphs cannot hold, and the step, one graph, becomes 27 graphs and 317
-  # launches one by one (`python -m benchmarks.gpu_plan`). GPU flags: a CPU's compiler runs none
-  # of these.
+  # variable when a command starts; a flag XLA_FLAGS already names keeps its value. These are a
+  # GPU's (a CPU's compiler runs none of them), each measured in docs/speed.md: cuBLAS for every
+  # matmul instead of XLA's Triton matmuls; matmuls that share an input left apart (the dot merger
+  # would join the attention's projections, which cuDNN's attention then copies apart); the
+  # matmuls' weights sliced out of the packed parameters before the matmul, so that the step
+  # stays one CUDA graph.
   config.xla_flags = ('--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger '
                       '--xla_gpu_enable_dynamic_slice_fusion=false')
   return config

@@ -230,8 +230,8 @@ def test_best_continuations_are_top_k_over_every_normalized_candidate(beam, voca
 
 
 def test_beam_search_with_the_fused_attention_finds_what_it_finds_with_xlas():
-  # The encoder's attention and the cross-attention's first call (the cache's set-up) run the
-  # Pallas kernels (interpreted off a GPU); the cached steps run cached_attention either way.
+  # The encoder's attention runs the Pallas kernels (interpreted off a GPU); decoding runs XLA's
+  # attention over its caches either way.
   config = CONFIG.replace(d_model=32, num_heads=2)  # heads of 16: the kernels' smallest
   params = Transformer(config).init(jax.random.key(3), SOURCES, SOURCES)['params']
   params = jax.tree_util.tree_map(lambda x: 4 * x, params)

@@ -143,6 +143,7 @@ def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir
   gpu_run = tmp_path / 'gpu_run'
   shutil.copytree(workdir, gpu_run)
   stored = json.loads((gpu_run / 'config.json').read_text())
+  # A GPU's attention, and a key since removed.
   stored['model'].update(attention_implementation='cudnn', norm_implementation='pallas')
   (gpu_run / 'config.json').write_text(json.dumps(stored))
   lines = ''.join(s + '\n' for s in sources[:3])
@@ -150,11 +151,8 @@ def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir
              for path in (workdir, gpu_run)]
   assert all(result.returncode == 0 for result in results), results[1].stderr[-3000:]
   assert results[1].stdout == results[0].stdout and len(results[0].stdout.splitlines()) == 3
-  backend = jax.default_backend()
-  for key, value, default in (('attention_implementation', 'cudnn', "''"),
-                              ('norm_implementation', 'pallas', "'xla'")):
-    assert (f"config.model.{key}='{value}': not on this backend ({backend}); {default} instead"
-            in results[1].stderr), results[1].stderr[-3000:]
+  assert ("config.model.attention_implementation='cudnn': not on this machine (cpu); '' instead"
+          in results[1].stderr), results[1].stderr[-3000:]
 
 
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):

@@ -1,8 +1,6 @@
 """The model against the paper's section 3: shapes, sizes, masks, packing, cache, dropout, dtypes."""
 
-import flax.linen as nn
 import jax
-import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -11,9 +9,8 @@ import pytest
 from configs import default, wmt14
 from transformer import plots
 from transformer import config as config_lib
-from transformer import hash_rng
-from transformer.model import (Dropout, Transformer, TransformerConfig, output_table,
-                               parameter_count, relu, sinusoidal_encoding)
+from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count,
+                               sinusoidal_encoding)
 
 SMALL = TransformerConfig(vocab_size=23, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, max_positions=64)
@@ -283,104 +280,6 @@ def test_bfloat16_models_sum_embedding_gradients_in_float32():
   want = np.sqrt(cfg.d_model) * np.asarray(weights, np.float64).sum((0, 1))
   assert grad.dtype == jnp.float32
   assert np.linalg.norm(grad[5] - want) / np.linalg.norm(want) < 0.01
-
-
-@pytest.mark.parametrize('implementation,dtype,tolerance', [
-    pytest.param('cudnn', jnp.bfloat16, (0.05, 0.03), marks=pytest.mark.skipif(
-        not config_lib.fused_kernels_run(),
-        reason='cuDNN attention runs only on an NVIDIA GPU from Ampere on (backend: '
-               f'{jax.default_backend()})')),
-    # In float32 (Pallas's interpreter off a GPU): the model's other roundings do not hide a
-    # difference in the kernels' (bfloat16: tests/test_fused_attention.py).
-    ('pallas', jnp.float32, (1e-5, 1e-4))])
-def test_fused_attention_computes_what_xla_attention_does(implementation, dtype, tolerance,
-                                                          request):
-  if dtype == jnp.float32:  # bfloat16's keep the default, as when cuDNN's case passed on an H100
-    request.getfixturevalue('float32_matmuls')
-  # A packed row (two pairs, then padding) and a padded row, through the encoder's attention, the
-  # decoder's causal self-attention and its cross-attention: the masks the kernels get.
-  cfg = SMALL.replace(d_model=128, num_heads=2, dtype=dtype, deterministic=True)
-  sources = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [3, 4, 5, 0, 0, 0, 0, 0]])
-  source_segments = jnp.array([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
-  source_positions = jnp.array([[0, 1, 2, 0, 1, 2, 0, 0], [0, 1, 2, 0, 0, 0, 0, 0]])
-  targets = jnp.array([[11, 12, 13, 14, 15, 0], [7, 8, 9, 10, 0, 0]])
-  target_segments = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
-  target_positions = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 0, 0]])
-  batch = (sources, targets, source_positions, source_segments, target_positions,
-           target_segments)
-  params = init(cfg, sources, targets)['params']
-  real = (targets > 0)[..., None]
-
-  def loss_and_logits(params, implementation):
-    logits = Transformer(cfg.replace(attention_implementation=implementation)).apply(
-        {'params': params}, *batch)
-    return (jax.nn.log_softmax(logits) * real).sum() / 100, logits
-
-  grad_fn = jax.jit(jax.grad(loss_and_logits, has_aux=True), static_argnums=1)
-  (xla_grads, xla_logits), (fused_grads, fused_logits) = (
-      grad_fn(params, name) for name in ('xla', implementation))
-  difference = np.abs(np.asarray(fused_logits - xla_logits) * np.asarray(real)).max()
-  assert difference < tolerance[0] * np.abs(np.asarray(xla_logits) * np.asarray(real)).max()
-  for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(xla_grads),
-                              jax.tree_util.tree_leaves(fused_grads)):
-    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
-    assert np.linalg.norm(got - want) <= tolerance[1] * np.linalg.norm(want) + 1e-6, path
-
-
-def test_attention_projections_as_matrices_compute_what_the_head_axes_do():
-  # attention_projection='matrix' multiplies by the kernels as matrices ([..., d_model] by
-  # [d_model, heads * depth], [..., heads * depth] by [heads * depth, d_model]): the same
-  # parameters (a checkpoint of either reads in the other), the same loss and gradients.
-  sources, targets = random_tokens(0, (3, 7)), random_tokens(1, (3, 6))
-  matrix = SMALL.replace(attention_projection='matrix')
-  params = init(matrix, sources, targets)['params']
-  assert (jax.tree_util.tree_map(jnp.shape, params) ==
-          jax.tree_util.tree_map(jnp.shape, init(SMALL, sources, targets)['params']))
-
-  def loss(params, cfg):
-    logits = Transformer(cfg).apply({'params': params}, sources, targets)
-    return jnp.sum(jax.nn.log_softmax(logits) ** 2)
-
-  theirs, ours = (jax.value_and_grad(loss)(params, cfg) for cfg in (SMALL, matrix))
-  for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(theirs),
-                              jax.tree_util.tree_leaves(ours)):  # float32 sums, in other orders
-    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
-    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), path
-
-
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_relu_and_its_gradient_are_jaxs(dtype):
-  # The feed-forward ReLU takes its derivative from its output (so XLA can fuse it into the
-  # matmul): values and gradients exactly jax.nn.relu's, at 0 and -0 too (gradient 0 there).
-  x = jnp.concatenate([jnp.array([0.0, -0.0, 1e-30, -1e-30]),
-                       jax.random.normal(jax.random.key(0), (1000,))]).astype(dtype)
-  weights = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
-  ours, theirs = (jax.value_and_grad(lambda x, f=f: jnp.sum(f(x) * weights))(x)
-                  for f in (relu, jax.nn.relu))
-  np.testing.assert_array_equal(relu(x), jax.nn.relu(x))
-  np.testing.assert_array_equal(ours[1], theirs[1])
-  assert ours[1][0] == ours[1][1] == ours[1][3] == 0 and ours[1][2] == weights[2]
-
-
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize('impl', [hash_rng.IMPL, 'threefry2x32'])
-def test_dropout_and_its_gradient_are_flaxs_with_the_mask_drawn_again(dtype, impl, capsys):
-  x = jax.random.normal(jax.random.key(0), (64, 32)).astype(dtype)
-  weights = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
-  rngs = {'dropout': jax.random.key(3, impl=impl)}
-  loss = lambda module: lambda x: jnp.sum(
-      module.apply({}, x, deterministic=False, rngs=rngs) * weights)
-  ours, theirs = (jax.value_and_grad(loss(module(0.3)))(x) for module in (Dropout, nn.Dropout))
-  np.testing.assert_array_equal(Dropout(0.3).apply({}, x, deterministic=False, rngs=rngs),
-                                nn.Dropout(0.3).apply({}, x, deterministic=False, rngs=rngs))
-  np.testing.assert_allclose(ours[0], theirs[0], atol=1e-4)  # the same terms, another order
-  np.testing.assert_array_equal(ours[1], theirs[1])
-  assert 0.25 < np.mean(ours[1] == 0) < 0.35
-  # What the backward pass keeps from the forward: flax's dropout a boolean mask, ours with a
-  # 'hash' key two words to draw it again from.
-  for module, kept in ((nn.Dropout, True), (Dropout, impl != hash_rng.IMPL)):
-    jax.ad_checkpoint.print_saved_residuals(loss(module(0.3)), x)
-    assert ('bool[64,32]' in capsys.readouterr().out) == kept
 
 
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])

@@ -48,3 +48,12 @@ def test_the_readme_names_the_pythons_the_project_admits():
   admitted = SpecifierSet(PROJECT['requires-python'])
   assert [minor for minor in range(6, 20) if f'3.{minor}' in admitted] == list(
       range(first, last + 1))
+
+
+def test_every_package_of_the_library_is_installed():
+  """A non-editable install ships only the packages pyproject.toml names."""
+  setuptools = tomllib.loads((ROOT / 'pyproject.toml').read_text())['tool']['setuptools']
+  named = set(setuptools['packages'])
+  found = {'.'.join(path.parent.relative_to(ROOT).parts)
+           for path in (ROOT / 'transformer').rglob('__init__.py')}
+  assert named == found

@@ -10,6 +10,8 @@ from flax import jax_utils
 from configs import default, tiny
 from transformer import config as config_lib
 from transformer import optim, train_step
+from transformer.kernels import choice, packing
+from transformer.kernels.choice import Implementations
 from transformer.checkpoints import local_copy
 
 
@@ -60,8 +62,8 @@ def _setup():
   config.adam_eps = 10.0
   config.lr_scale = 10.0  # updates well above the float32 spacing of the weights
   config_lib.validate(config)
-  model_config = config_lib.model_config(config)
-  state = train_step.pack_state(train_step.initial_state(config, model_config))
+  implementations = choice.for_this_machine(config)
+  state = packing.pack_state(train_step.initial_state(config))
   # Eight rows of different lengths: each device sees a different number of real tokens.
   rng = np.random.default_rng(0)
   lengths = [3, 9, 5, 12, 1, 7, 10, 4]
@@ -70,7 +72,7 @@ def _setup():
   for row, n in enumerate(lengths):
     sources[row, :n] = rng.integers(3, config.vocab_size, n)
     targets[row, :13 - n] = rng.integers(3, config.vocab_size, 13 - n)
-  return config, model_config, state, {'sources': sources, 'targets': targets}
+  return config, implementations, state, {'sources': sources, 'targets': targets}
 
 
 def _update(steps, state, batch, devices, grad_accum=1):
@@ -100,8 +102,8 @@ def _max_difference(a, b):
 
 def test_one_device_and_four_devices_make_the_same_update():
   assert jax.local_device_count() >= 4, 'tests/conftest.py asks XLA for 4 CPU devices'
-  config, model_config, state, batch = _setup()
-  steps = train_step.StepFunctions(config, model_config)
+  config, implementations, state, batch = _setup()
+  steps = train_step.StepFunctions(config, implementations)
   one, metrics_one = _update(steps, state, batch, jax.local_devices()[:1])
   four, metrics_four = _update(steps, state, batch, jax.local_devices()[:4])
   assert metrics_one['tokens'] == metrics_four['tokens'] == 53  # 13 * 8 - sum(lengths)
@@ -112,21 +114,18 @@ def test_one_device_and_four_devices_make_the_same_update():
   assert _max_difference(one.params, four.params) < 1e-3 * update
 
 
-@pytest.mark.parametrize('reduction,chunk', [('online', 0), ('online', 16), ('pallas', 0)])
-def test_each_loss_reduction_makes_the_update_of_the_separate_passes(monkeypatch, reduction,
-                                                                     chunk):
-  """config.loss_reduction changes how the loss reads the logits, not the step's result: 'online'
-  with the whole batch in one chunk, as on a GPU, and in chunks, as on a CPU; 'pallas' (a GPU's,
-  its kernel here in Pallas's interpreter) with the gradient written in the forward pass."""
-  config, model_config, state, batch = _setup()
-  separate, metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
+@pytest.mark.parametrize('reduction,chunk', [('separate', 16), ('online', None), ('online', 16)])
+def test_each_loss_reduction_makes_the_update_of_the_models_logits(reduction, chunk):
+  """How the loss reads the logits (transformer/kernels/loss.py) changes nothing in the step's
+  result: the chunks of a CPU, and 'online' with the whole batch at once, as on a GPU, or in
+  chunks, give the update of `loss.token_sums` on the model's logits."""
+  config, _, state, batch = _setup()
+  plain = Implementations(loss_chunk=None, loss_reduction='separate')
+  separate, metrics = _update(train_step.StepFunctions(config, plain), state, batch,
                               jax.local_devices()[:1])
   update = _max_difference(state.params, separate.params)
-  config.update(loss_reduction=reduction, loss_chunk_tokens=chunk)
-  if reduction == 'pallas':  # which the config allows on a GPU only, and without chunks
-    monkeypatch.setattr(train_step.config_lib, 'loss_reduction', lambda config: 'pallas')
-    monkeypatch.setattr(train_step.config_lib, 'loss_chunk', lambda config: None)
-  other, other_metrics = _update(train_step.StepFunctions(config, model_config), state, batch,
+  faster = Implementations(loss_chunk=chunk, loss_reduction=reduction)
+  other, other_metrics = _update(train_step.StepFunctions(config, faster), state, batch,
                                  jax.local_devices()[:1])
   for name in ('loss', 'nll', 'correct', 'tokens'):
     np.testing.assert_allclose(other_metrics[name], metrics[name], rtol=1e-6, err_msg=name)
@@ -136,8 +135,8 @@ def test_each_loss_reduction_makes_the_update_of_the_separate_passes(monkeypatch
 
 
 def test_gradient_accumulation_equals_the_doubled_batch():
-  config, model_config, state, batch = _setup()
-  steps = train_step.StepFunctions(config, model_config)
+  config, implementations, state, batch = _setup()
+  steps = train_step.StepFunctions(config, implementations)
   whole, _ = _update(steps, state, batch, jax.local_devices()[:1])
   accumulated, metrics = _update(steps, state, batch, jax.local_devices()[:1], grad_accum=2)
   assert metrics['tokens'] == 53
@@ -149,8 +148,8 @@ def test_gradient_accumulation_equals_the_doubled_batch():
 
 
 def test_a_non_finite_gradient_leaves_the_state_unchanged():
-  config, model_config, state, batch = _setup()
-  steps = train_step.StepFunctions(config, model_config)
+  config, implementations, state, batch = _setup()
+  steps = train_step.StepFunctions(config, implementations)
   state = jax_utils.replicate(state, jax.local_devices()[:1])
   grads, sums = jax.pmap(steps.gradients, train_step.AXIS, devices=jax.local_devices()[:1])(
       state, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
@@ -165,8 +164,8 @@ def test_a_non_finite_gradient_leaves_the_state_unchanged():
 def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
   """The step takes the norm of the packed gradients, divided by the token count after: optax's
   norm of the per-token gradients, array by array, to float32 rounding."""
-  config, model_config, state, batch = _setup()
-  steps = train_step.StepFunctions(config, model_config)
+  config, implementations, state, batch = _setup()
+  steps = train_step.StepFunctions(config, implementations)
   state = jax_utils.replicate(state, jax.local_devices()[:1])
   grads, sums = jax.pmap(steps.gradients, train_step.AXIS, devices=jax.local_devices()[:1])(
       state, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
@@ -184,18 +183,17 @@ def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
 def test_the_packed_state_is_three_vectors_and_scalars_and_unpacks_to_the_trees(clip):
   config = tiny.get_config()
   config.grad_clip_norm = clip  # another optimizer state: clipping's, then Adam's
-  model_config = config_lib.model_config(config)
-  trees = train_step.initial_state(config, model_config)
+  trees = train_step.initial_state(config)
   trees = trees.replace(opt_state=jax.tree_util.tree_map(  # moments that differ from each other
       lambda x: np.random.default_rng(x.size).normal(size=x.shape).astype(x.dtype),
       trees.opt_state))
-  packed = train_step.pack_state(trees)
+  packed = packing.pack_state(trees)
   # The parameters and Adam's two moments as a vector each; the step and the optimizer's counts.
   size = sum(x.size for x in jax.tree_util.tree_leaves(trees.params))
   shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(packed)]
   assert sorted(shapes) == [()] * (len(shapes) - 3) + [(size,)] * 3 and len(shapes) <= 7
-  steps = train_step.StepFunctions(config, model_config)
-  again = train_step.unpack_state(packed, steps.param_shapes)
+  steps = train_step.StepFunctions(config, choice.for_this_machine(config))
+  again = packing.unpack_state(packed, steps.param_shapes)
   assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(trees)
   for x, y in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(trees)):
     x, y = np.asarray(x), np.asarray(y)
@@ -204,8 +202,8 @@ def test_the_packed_state_is_three_vectors_and_scalars_and_unpacks_to_the_trees(
 
 
 def test_a_step_on_the_packed_state_makes_adams_update_of_the_trees():
-  config, model_config, state, batch = _setup()
-  steps = train_step.StepFunctions(config, model_config)
+  config, implementations, state, batch = _setup()
+  steps = train_step.StepFunctions(config, implementations)
   new_state, _ = _update(steps, state, batch, jax.local_devices()[:1])
   # The same update from the trees: the gradients unpacked, optax's Adam array by array.
   replicated = jax_utils.replicate(state, jax.local_devices()[:1])
@@ -213,9 +211,9 @@ def test_a_step_on_the_packed_state_makes_adams_update_of_the_trees():
       replicated, {k: v[None] for k, v in batch.items()}, np.zeros(1, np.int32))
   grads = steps.params_tree(jax.tree_util.tree_map(lambda g: g[0] / float(sums['tokens'][0]),
                                                    grads))
-  trees = train_step.unpack_state(state, steps.param_shapes)
+  trees = packing.unpack_state(state, steps.param_shapes)
   expected = trees.apply_gradients(grads=grads)
-  got = train_step.unpack_state(new_state, steps.param_shapes)
+  got = packing.unpack_state(new_state, steps.param_shapes)
   assert int(got.step) == 1
   assert _max_difference(trees.params, expected.params) > 1e-5
   for x, y in zip(jax.tree_util.tree_leaves((got.params, got.opt_state)),

@@ -25,7 +25,8 @@ from tensorboardX.proto import event_pb2
 from conftest import train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import compiled, data, metrics, train_step, trainer
+from transformer import data, metrics, train_step, trainer
+from transformer.kernels import choice, compile_ahead, packing
 from transformer.checkpoints import CheckpointError, Checkpoints
 from transformer.files import DirectoryError
 
@@ -63,7 +64,7 @@ def read_metrics(workdir):
 
 def restore(workdir, step):
   config = tiny.get_config()
-  state = train_step.initial_state(config, config_lib.model_config(config))
+  state = train_step.initial_state(config)
   checkpoints = Checkpoints(workdir)
   tree, meta = checkpoints.restore(step, {'params': state.params, 'opt_state': state.opt_state})
   checkpoints.close()
@@ -79,8 +80,9 @@ def max_difference(a, b):
 def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
-  compile_program, lower = compiled.Programs._compile, compiled.Programs.lower
-  compile_ahead, train_step_fn = trainer._Evaluator.compile_ahead, train_step.StepFunctions.train_step
+  compile_program, lower = compile_ahead.Programs._compile, compile_ahead.Programs.lower
+  compile_ahead_fn = trainer._Evaluator.compile_ahead
+  train_step_fn = train_step.StepFunctions.train_step
   steps_run = []
 
   class CountedOptimizerStep(trainer._OptimizerStep):
@@ -90,15 +92,16 @@ def full_run(tmp_path_factory):
       return result
 
   with pytest.MonkeyPatch.context() as patch:  # notes which thread compiled each program, when
-    patch.setattr(compiled.Programs, '_compile', lambda programs, key, args: COMPILED_ON.append(
-        (programs.pmapped.__name__, threading.current_thread().name, len(steps_run))) or
-        compile_program(programs, key, args))
-    patch.setattr(compiled.Programs, 'lower', lambda programs, *args: LOWERED_AFTER.append(
+    patch.setattr(compile_ahead.Programs, '_compile',
+                  lambda programs, key, args: COMPILED_ON.append(
+                      (programs.pmapped.__name__, threading.current_thread().name,
+                       len(steps_run))) or compile_program(programs, key, args))
+    patch.setattr(compile_ahead.Programs, 'lower', lambda programs, *args: LOWERED_AFTER.append(
         len(steps_run)) or lower(programs, *args))
     patch.setattr(trainer, '_OptimizerStep', CountedOptimizerStep)
     patch.setattr(trainer._Evaluator, 'compile_ahead', lambda *args: STEPS_BEFORE_COMPILE_AHEAD
                   .append(len(steps_run)) or TRACES_BEFORE_COMPILE_AHEAD.append(
-                      len(TRAIN_STEP_TRACES)) or compile_ahead(*args))
+                      len(TRAIN_STEP_TRACES)) or compile_ahead_fn(*args))
     patch.setattr(train_step.StepFunctions, 'train_step', lambda *args: TRAIN_STEP_TRACES.append(
         threading.current_thread().name) or train_step_fn(*args))
     train_in_process(workdir)
@@ -233,22 +236,22 @@ def test_closing_the_evaluator_stops_compiling_ahead_after_the_program_at_hand(t
   config = tiny.get_config()
   config.decode_batch_tokens = 3 * 16  # beam 4, 12 source tokens a call: several search shapes
   vocab = data.load_or_train_vocabulary(config, str(tmp_path))
-  model_config = config_lib.model_config(config)
   shard = dict(process_index=0, process_count=1, num_devices=jax.local_device_count())
-  evaluator = trainer._Evaluator(config, vocab, train_step.StepFunctions(config, model_config),
-                                 shard, metrics.MetricsWriter(str(tmp_path), enabled=False))
-  params = jax_utils.replicate(
-      train_step.pack_state(train_step.initial_state(config, model_config)).params)
-  compile_program, compiling, compiled_keys = compiled.Programs._compile, threading.Event(), []
+  steps = train_step.StepFunctions(config, choice.for_this_machine(config))
+  evaluator = trainer._Evaluator(config, vocab, steps, shard,
+                                 metrics.MetricsWriter(str(tmp_path), enabled=False))
+  params = jax_utils.replicate(packing.pack_state(train_step.initial_state(config)).params)
+  compile_program, compiling = compile_ahead.Programs._compile, threading.Event()
+  compiled_keys = []
 
   def compile_once_closing(programs, key, args):  # the first compilation outlasts `close`'s call
     compiling.set()
-    while not evaluator._closing.is_set():
+    while not evaluator.ahead._closing.is_set():
       time.sleep(0.01)
     compiled_keys.append(key)
     return compile_program(programs, key, args)
 
-  monkeypatch.setattr(compiled.Programs, '_compile', compile_once_closing)
+  monkeypatch.setattr(compile_ahead.Programs, '_compile', compile_once_closing)
   evaluator.compile_ahead(params, ['validation'], ['validation', 'test'])
   evaluator.training_started()
   assert compiling.wait(60)
@@ -338,12 +341,9 @@ def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
 
 
 @pytest.mark.parametrize('override,message', [
-    ({'loss_reduction': 'pallas'},
-     "config.loss_reduction='pallas': the fused loss kernel needs an NVIDIA GPU of compute "
-     "capability 8.0 or later (here: cpu)"),
-    ({'model.norm_implementation': 'pallas'},
-     "config.model.norm_implementation='pallas': the fused layer norm kernels need an NVIDIA GPU "
-     "of compute capability 8.0 or later (here: cpu)")])
+    ({'model.attention_implementation': 'cudnn', 'model.dtype': 'bfloat16'},
+     "config.model.attention_implementation='cudnn': cuDNN attention needs an NVIDIA GPU of "
+     "compute capability 8.0 or later (here: cpu)")])
 def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path, override,
                                                                        message):
   workdir = tmp_path / 'run'
@@ -367,15 +367,12 @@ def test_resuming_with_another_model_is_refused(full_run):
     train_in_process(full_run, **{'model.d_ff': 128})
 
 
-def test_a_workdir_or_cache_that_cannot_be_a_directory_is_named(tmp_path):
+def test_a_workdir_that_cannot_be_a_directory_is_named(tmp_path):
   file = tmp_path / 'file'
   file.write_text('', encoding='utf-8')
   with pytest.raises(DirectoryError, match=re.escape(
       f'--workdir: {file} cannot be made a directory (a file of that name exists)')):
     train_in_process(str(file))
-  with pytest.raises(DirectoryError, match=re.escape(
-      f'config.compilation_cache_dir: {file}/jax cannot be made a directory (Not a directory)')):
-    train_in_process(str(tmp_path / 'run'), compilation_cache_dir=f'{file}/jax')
   assert os.listdir(tmp_path) == ['file']
 
 

@@ -35,7 +35,7 @@ def untrained_translator(workdir) -> tuple[translate.Translator, dict, list[str]
   config = config_lib.validate(tiny.get_config())
   vocab = data.load_or_train_vocabulary(config, str(workdir))
   params = jax_utils.replicate(
-      train_step.initial_state(config, config_lib.model_config(config)).params)
+      train_step.initial_state(config).params)
   sentences = data.split_texts(config, 'validation')[0][:37]
   return translate.Translator(config, vocab, beam_size=3, alpha=0.6), params, sentences
 
@@ -116,7 +116,7 @@ def test_sources_too_long_for_learned_positions_get_one_clear_error(tmp_path):
   config = config_lib.validate(config)
   vocab = data.load_or_train_vocabulary(config, str(tmp_path))
   params = jax_utils.replicate(
-      train_step.initial_state(config, config_lib.model_config(config)).params)
+      train_step.initial_state(config).params)
   translator = translate.Translator(config, vocab, beam_size=2, alpha=0.6)
   short = data.split_texts(config, 'validation')[0][:3]
   lengths = [len(vocab.encode(s)) + 1 for s in short]

@@ -28,8 +28,8 @@ def paper_variant(compound_split: bool) -> str:
 def paper_normalize(lines: list[str]) -> list[str]:
   """Every double quotation mark made '"', then Moses replace-unicode-punctuation.perl
   (sacremoses' port of its table, which leaves „ ‟ « » alone)."""
-  # Imported here, not at the top: sacremoses compiles its regular expressions on import, 0.2 s
-  # of every train.py start on a 2-core CPU, for BLEU that comes at the end.
+  # Imported here, not at the top: sacremoses compiles its regular expressions on import, which
+  # every train.py start would wait for, for BLEU that comes at the end.
   from sacremoses import MosesPunctNormalizer  # pylint: disable=import-outside-toplevel
   normalizer = MosesPunctNormalizer()
   return [normalizer.replace_unicode_punct(_DOUBLE_QUOTES.sub('"', line)) for line in lines]

@@ -3,11 +3,9 @@
 Each checkpoint holds `state`, the parameters' and optimizer state's arrays concatenated into one
 vector per dtype; `layout` (JSON), each array's path, shape and dtype in that order; and `meta`
 (JSON: step, data position and the device count the data was sharded over). Orbax's time and its
-hold on the interpreter grow with the number of arrays saved: a loop of Python steps lost 53-110 ms
-per save of the Multi30k recipe's 185 arrays, and 7-27 ms with them in two vectors
-(`python -m benchmarks.checkpoint_cost`, 2 CPU cores).
-Checkpoints of one array per leaf, written before, are read too. Every process calls save and
-restore: Orbax coordinates the writes.
+hold on the interpreter grow with the number of arrays saved, which the training loop waits out
+(transformer/kernels/packing.py). Checkpoints of one array per leaf, written before, are read
+too. Every process calls save and restore: Orbax coordinates the writes.
 """
 
 import concurrent.futures
@@ -22,9 +20,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from transformer import config as config_lib
 from transformer import files, train_step
-from transformer.packing import pack, unpack
+from transformer.kernels.packing import pack, unpack
 
 STATE, META, LAYOUT = 'state', 'meta', 'layout'
 CHECKPOINTS_DIR = 'checkpoints'  # in a workdir
@@ -52,8 +49,8 @@ _LAYOUTS = {}  # (tree structure, shapes and dtypes) -> its layout
 
 def layout(tree) -> list[list]:
   """[path, shape, dtype] of each of `tree`'s arrays, in the order `pack` concatenates them.
-  Made once per structure: naming the paths took 7 ms of the saver's hold on the interpreter at
-  every save of the Multi30k recipe's state."""
+  Made once per structure: naming the paths at every save held the interpreter, which the
+  training loop shares."""
   leaves, structure = jax.tree_util.tree_flatten(tree)
   key = structure, tuple((tuple(x.shape), np.dtype(x.dtype).name) for x in leaves)
   if key not in _LAYOUTS:
@@ -80,7 +77,7 @@ class Checkpoints:
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                              enable_async_checkpointing=True))
     # Orbax's asynchronous save still blocks its caller while it copies the state and makes the
-    # checkpoint's directories (0.1-0.3 s), so saves start on a thread of their own. Several
+    # checkpoint's directories, so saves start on a thread of their own. Several
     # processes save from the main thread, where Orbax's barriers keep them in step.
     self._saver = (concurrent.futures.ThreadPoolExecutor(1, 'checkpoint_save')
                    if jax.process_count() == 1 else None)
@@ -249,7 +246,7 @@ def state_shapes(config):
   Returns:
     {'params': ..., 'opt_state': ...} of `jax.ShapeDtypeStruct`s, the `like` of `restore`.
   """
-  state = jax.eval_shape(lambda: train_step.initial_state(config, config_lib.model_config(config)))
+  state = jax.eval_shape(lambda: train_step.initial_state(config))
   return {'params': state.params, 'opt_state': state.opt_state}
 
 

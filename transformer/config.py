@@ -1,26 +1,19 @@
 """Checks an experiment config (an ml_collections.ConfigDict from configs/) before anything runs.
 
 `validate` raises one `ConfigError` naming the first bad key, its value and how to fix it;
-`model_config` turns a valid config into the model's `TransformerConfig`; `parse_flags` reads a
-command line with a `--config` file flag, and its mistakes, as one ConfigError too.
+`model_config` turns a valid config into the model's `TransformerConfig`; `load_workdir_config`
+reads the config.json of a run, written by any earlier version.
 """
 
 import dataclasses
 import json
 import numbers
-import os
 import re
-import subprocess
-import sys
 
-import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import flags, logging
-from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 from etils import epath
 
-from transformer import files, fused_attention
 from transformer.model import TransformerConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -30,7 +23,7 @@ LOCAL_DATASETS = ('multi30k', 'synthetic', 'text')
 SCHEDULES = ('paper', 'warmup_rsqrt')
 BYTE_AND_SPECIAL_PIECES = 256 + 3  # every vocabulary holds these besides what it learns
 # Set by the code for each use of the model (training, evaluation, decoding), never by a config.
-RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode'}
+RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode', 'attention_projection'}
 
 
 class ConfigError(ValueError):
@@ -95,7 +88,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
               'model.max_positions'):
     _check_int(config, key, 1)
   _check_int(config, 'loss_chunk_tokens', 0)
-  _check_choice(config, 'loss_reduction', ('', 'separate', 'online', 'pallas'))
+  _check_choice(config, 'loss_reduction', ('', 'separate', 'online'))
   _check_choice(config, 'attention_projection', ('', 'matrix', 'heads'))
   if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
@@ -108,8 +101,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_choice(config, 'model.positional_encoding', ('sinusoidal', 'learned'))
   if 'attention_implementation' in config.model:
     _check_choice(config, 'model.attention_implementation', ('', 'xla', 'cudnn', 'pallas'))
-  if 'norm_implementation' in config.model:
-    _check_choice(config, 'model.norm_implementation', ('xla', 'pallas'))
   _check_choice(config, 'model.layer_norm', ('post', 'pre'))
   _check_choice(config, 'model.dtype', tuple(DTYPES))
   _check_choice(config, 'model.param_dtype', tuple(DTYPES))
@@ -194,159 +185,22 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
-def model_config(config: ml_collections.ConfigDict) -> TransformerConfig:
-  """The model architecture of a validated experiment config, on this backend."""
+def model_config(config: ml_collections.ConfigDict, implementations=None) -> TransformerConfig:
+  """The model of a validated experiment config.
+
+  Args:
+    config: the experiment config.
+    implementations: how the model computes (`kernels.choice.Implementations`); None: the plain
+      forms, XLA's attention and DenseGeneral's products, which compute the same.
+  """
   model = dict(config.model)
+  model.pop('attention_implementation', None)
   model['dtype'] = DTYPES[model['dtype']]
   model['param_dtype'] = DTYPES[model['param_dtype']]
-  model['attention_implementation'] = attention_implementation(config)
-  model['norm_implementation'] = norm_implementation(config)
-  return TransformerConfig(vocab_size=config.vocab_size,
-                           attention_projection=attention_projection(config), **model)
-
-
-def fused_kernels_run() -> bool:
-  """Whether this backend's devices run the fused kernels (cuDNN's attention, the Pallas kernels).
-
-  NVIDIA GPUs of compute capability 8.0 or later: Ampere, where bfloat16 tensor cores start, on;
-  the kernels are tested and tuned on Hopper. Older GPUs and ROCm's (whose capability is a gfx
-  name) run XLA's implementations, which compute the same.
-  """
-  if jax.default_backend() != 'gpu':
-    return False
-  major, _, minor = str(getattr(jax.devices()[0], 'compute_capability', '')).partition('.')
-  return major.isdigit() and minor.isdigit() and (int(major), int(minor)) >= (8, 0)
-
-
-def _fused_kernels_need() -> str:
-  """What the fused kernels need and what this backend is, for ConfigError messages."""
-  here = jax.default_backend()
-  if here == 'gpu':
-    device = jax.devices()[0]
-    here = (f"{device.device_kind}, compute capability "
-            f"{getattr(device, 'compute_capability', 'unknown')}")
-  return f'an NVIDIA GPU of compute capability 8.0 or later (here: {here})'
-
-
-def attention_implementation(config: ml_collections.ConfigDict) -> str:
-  """'xla', 'cudnn' or 'pallas' (see TransformerConfig); raises ConfigError where the chosen
-  fused kernel cannot run.
-
-  config.model.attention_implementation='' picks by backend. On a GPU that runs the fused kernels
-  (`fused_kernels_run`), when the model computes in bfloat16 or float16 without attention
-  dropout: the Pallas kernels (transformer/fused_attention.py) where heads have a depth that is a
-  power of 2 from 16 and max_length is up to 128 (base_train's step on an H200: 23.0 ms with them
-  and the layer norm's and loss's kernels, 24.4 ms with cuDNN's attention and either;
-  benchmarks/results/gpu_speed_h200.md); else cuDNN's fused kernel where the depth is a multiple
-  of 8 up to 128. Else XLA's. A config.json written before the key existed reads as ''.
-  """
-  chosen = config.model.get('attention_implementation', '')
-  half = config.model.dtype in ('bfloat16', 'float16')
-  depth = config.model.d_model // config.model.num_heads
-  fused = half and config.model.attention_dropout_rate == 0 and fused_kernels_run()
-  needs = (f'{_fused_kernels_need()}, '
-           f"model.dtype bfloat16 or float16 (now {config.model.dtype!r}), "
-           f'model.attention_dropout_rate=0 (now {config.model.attention_dropout_rate}) and ')
-  cudnn_usable = fused and depth % 8 == 0 and depth <= 128
-  pallas_usable = (fused and depth >= 16 and depth & (depth - 1) == 0 and
-                   config.max_length <= fused_attention.MAX_LENGTH)
-  if chosen == 'cudnn' and not cudnn_usable:
-    _fail('model.attention_implementation', chosen,
-          f'cuDNN attention needs {needs}d_model / num_heads a multiple of 8 up to 128 '
-          f"(now {depth}); use 'xla' or '' (by backend)")
-  if chosen == 'pallas' and not pallas_usable:
-    _fail('model.attention_implementation', chosen,
-          f'the fused attention kernels need {needs}d_model / num_heads a power of 2 from 16 '
-          f'(now {depth}) and max_length up to {fused_attention.MAX_LENGTH} (now '
-          f"{config.max_length}); use 'xla' or '' (by backend)")
-  return chosen or ('pallas' if pallas_usable else 'cudnn' if cudnn_usable else 'xla')
-
-
-def norm_implementation(config: ml_collections.ConfigDict) -> str:
-  """'xla' or 'pallas' (see TransformerConfig); raises ConfigError where the Pallas kernels
-  cannot run. A config.json written before the key existed reads as 'xla'."""
-  chosen = config.model.get('norm_implementation', 'xla')
-  width = config.model.d_model
-  if chosen == 'pallas' and (not fused_kernels_run() or config.model.layer_norm != 'post'
-                             or width & (width - 1)):
-    _fail('model.norm_implementation', chosen,
-          f'the fused layer norm kernels need {_fused_kernels_need()}, '
-          f"model.layer_norm='post' (now {config.model.layer_norm!r}) and model.d_model a power "
-          f"of 2 (now {width}); use 'xla'")
-  return chosen
-
-
-def for_this_backend(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A stored run's config with each model implementation this backend cannot run replaced by
-  the default ('' = by backend, 'xla'), each replacement logged: they choose how the model
-  computes, not what, so a run trained with a GPU's kernels translates anywhere."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  for key, check, default in (('attention_implementation', attention_implementation, ''),
-                              ('norm_implementation', norm_implementation, 'xla')):
-    try:
-      check(config)
-    except ConfigError:
-      logging.warning("config.model.%s=%r: not on this backend (%s); %r instead", key,
-                      config.model[key], jax.default_backend(), default)
-      config.model[key] = default
-  return config
-
-
-def attention_projection(config: ml_collections.ConfigDict) -> str:
-  """'matrix' or 'heads' (see TransformerConfig).
-
-  config.attention_projection='' picks by backend: 'heads' on a CPU, where 'matrix' made the
-  train step ~5% slower, and 'matrix' elsewhere: with the heads as axes of their own, XLA's GPU
-  matmuls computed the attention's weight gradients transposed, and summing their split-K parts
-  transposed them back, 54 against 4 us per 512x512 weight on an H100 (docs/speed.md). A
-  config.json written before the key existed reads as 'heads'.
-  """
-  if config.attention_projection:
-    return config.attention_projection
-  return 'heads' if jax.default_backend() == 'cpu' else 'matrix'
-
-
-def loss_chunk(config: ml_collections.ConfigDict) -> int | None:
-  """Target positions per chunk of the loss's output projection; None: the whole batch at once.
-
-  config.loss_chunk_tokens=0 picks by backend: chunks of 256 on a CPU, where small chunks run
-  fastest, and none on an accelerator, where a chunk loop runs its steps one after another.
-  """
-  if config.loss_chunk_tokens:
-    return config.loss_chunk_tokens
-  return 256 if jax.default_backend() == 'cpu' else None
-
-
-def loss_reduction(config: ml_collections.ConfigDict) -> str:
-  """How the loss reads the logits (`loss.projected_token_sums`): 'separate' (once per
-  statistic), 'online' (once forward, `loss.online_token_sums`) or 'pallas' (once, the gradient
-  written in the same program, transformer/fused_loss.py; a GPU, no loss chunks). Raises
-  ConfigError where 'pallas' cannot run.
-
-  config.loss_reduction='' picks by backend: 'online' on a GPU, where each pass over the logits
-  is memory-bound; 'separate' on a CPU, where XLA's variadic reduction is several times slower,
-  and on a TPU, where the choice is unmeasured.
-  """
-  if config.loss_reduction == 'pallas' and (not fused_kernels_run() or loss_chunk(config)):
-    _fail('loss_reduction', 'pallas',
-          f'the fused loss kernel needs {_fused_kernels_need()} and '
-          f"loss_chunk_tokens=0 (now {config.loss_chunk_tokens}); use 'online' or ''")
-  if config.loss_reduction:
-    return config.loss_reduction
-  return 'online' if jax.default_backend() == 'gpu' else 'separate'
-
-
-def decode_batch_tokens(config: ml_collections.ConfigDict) -> int:
-  """Source tokens times beam_size per beam-search call and device.
-
-  config.decode_batch_tokens=0 picks by backend: on a CPU the training batch's share of a device
-  (larger calls gain nothing there); on an accelerator 2**17, enough rows to keep it busy.
-  """
-  if config.decode_batch_tokens:
-    return config.decode_batch_tokens
-  if jax.default_backend() == 'cpu':
-    return config.tokens_per_batch // (config.grad_accum_steps * jax.local_device_count())
-  return 2**17
+  if implementations is not None:
+    model.update(attention_implementation=implementations.attention,
+                 attention_projection=implementations.attention_projection)
+  return TransformerConfig(vocab_size=config.vocab_size, **model)
 
 
 def compound_split(config: ml_collections.ConfigDict) -> bool:
@@ -354,73 +208,27 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
   return config.target_lang in config.compound_split_languages.split(',')
 
 
-def use_compilation_cache(config: ml_collections.ConfigDict):
-  """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs.
-
-  Raises:
-    files.DirectoryError: it cannot be a directory (JAX would warn at every program and compile
-      on).
-  """
-  if config.compilation_cache_dir:
-    path = os.path.expanduser(config.compilation_cache_dir)
-    files.make_directory(path, 'config.compilation_cache_dir')
-    jax.config.update('jax_compilation_cache_dir', path)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-
-
-def _check_xla_flags(config: ml_collections.ConfigDict, flags_to_add: list[str]):
-  """Raises ConfigError for a flag XLA does not know or a value it cannot read.
-
-  XLA reads XLA_FLAGS once, and on such a flag ends the process with a fatal log (for a bad value,
-  after printing every flag it has): jaxlib reads them first in a subprocess (0.1 s).
-  """
-  result = subprocess.run(
-      [sys.executable, '-c', 'from jaxlib import _jax; _jax.CompileOptions()'],
-      env={**os.environ, 'XLA_FLAGS': ' '.join(flags_to_add)}, capture_output=True, text=True,
-      check=False)
-  if result.returncode == 0:
-    return
-  reasons = [line.split('] ', 1)[-1].rstrip('.') for line in result.stderr.splitlines()
-             if 'Unknown flag in XLA_FLAGS' in line or "Couldn't interpret value" in line]
-  if not reasons:  # not XLA's flag parsing: jaxlib itself failed, unrelated to the flags
-    logging.warning('config.xla_flags not checked: %s', result.stderr.strip()[-300:])
-    return
-  _fail('xla_flags', config.xla_flags,
-        f'XLA rejects it ({reasons[0]}); see `XLA_FLAGS=--help python -c "import jax; '
-        'jax.devices()"` for the flags this jaxlib knows')
-
-
-def use_xla_flags(config: ml_collections.ConfigDict):
-  """Adds config.xla_flags to the XLA_FLAGS environment variable, which XLA reads when JAX starts
-  its backend: call it before anything runs on a device. A flag XLA_FLAGS already names keeps
-  the environment's value.
-
-  Raises:
-    ConfigError: XLA does not know one of the flags, or cannot read its value.
-  """
-  current = os.environ.get('XLA_FLAGS', '').split()
-  named = {flag.split('=')[0] for flag in current}
-  missing = [flag for flag in config.xla_flags.split() if flag.split('=')[0] not in named]
-  if not missing:
-    return
-  _check_xla_flags(config, missing)
-  if xla_bridge.backends_are_initialized():
-    logging.warning('config.xla_flags %s not applied: JAX started its backend before; set '
-                    'XLA_FLAGS before the process starts', ' '.join(missing))
-    return
-  os.environ['XLA_FLAGS'] = ' '.join(current + missing)
-
-
 # Keys added after the first runs, each with the value that keeps the behaviour from before it: a
 # config.json written before them reads as if it held these.
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads'}
+# Implementations since removed, each read as the default that computes the same.
+REMOVED_MODEL_KEYS = ('norm_implementation',)
+REMOVED_VALUES = {'loss_reduction': {'pallas': ''}}
 
 
 def with_added_keys(stored: dict) -> dict:
-  """A stored config.json's dict with the ADDED_KEYS it lacks."""
-  return {**ADDED_KEYS, **stored}
+  """A stored config.json's dict as this version reads it: the ADDED_KEYS it lacks added, and
+  what names a removed implementation replaced by the default."""
+  config = {**ADDED_KEYS, **stored}
+  if isinstance(config.get('model'), dict):
+    config['model'] = {key: value for key, value in config['model'].items()
+                       if key not in REMOVED_MODEL_KEYS}
+  for key, replaced in REMOVED_VALUES.items():
+    if isinstance(config.get(key), str):
+      config[key] = replaced.get(config[key], config[key])
+  return config
 
 
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
@@ -436,43 +244,3 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   return validate(config)
 
 
-def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
-                name: str = 'config') -> list[str]:
-  """absl's parsing of `argv` into `flag_values`, whose `--{name}` is an ml_collections config
-  file flag. ml_collections reports a missing file, an argument its get_config rejects, or an
-  unknown --{name}.key as a traceback; each raises one ConfigError naming the flag instead."""
-  overrides = [arg for arg in argv[1:] if arg.startswith(f'--{name}.')]
-  value = next((arg for arg in argv[1:] if arg.startswith(f'--{name}=')), f'--{name}')
-  try:
-    remaining = flag_values(argv)
-    getattr(flag_values[name].value, 'get', None)  # ml_collections defers a failed load to here
-  except OSError as error:  # the file is missing: the message ends with the path tried
-    raise ConfigError(f'{value}: {str(error).strip().splitlines()[-1].strip()}') from None
-  except flags.Error as error:
-    if 'Error whilst parsing config file' not in str(error):
-      raise
-    # The last line of the traceback ml_collections puts in the message: get_config's exception.
-    problem = str(error).strip().splitlines()[-1].split(': ', 1)[-1]
-    raise ConfigError(problem if value.split('=', 1)[-1] in problem else
-                      f'{value}: {problem}') from None
-  except (KeyError, AttributeError) as error:
-    while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError)
-      error = error.args[0]
-    key, _, did_you_mean = str(error.args[0] if error.args else error).partition('\n')
-    key = key.strip("'")
-    override = next((arg for arg in overrides
-                     if key in arg.split('=', 1)[0].split('.')), ' '.join(overrides))
-    problem = f'no key {key!r} in the config' if key.isidentifier() else key
-    raise ConfigError(f'{override}: {problem}. {did_you_mean}'.strip()) from None
-  return remaining
-
-
-def flags_parser(command: str):
-  """An absl `flags_parser` for `command` (e.g. 'train.py'): `parse_flags`, and a bad --config
-  ends the command with one line, `<command>: <what is wrong>`."""
-  def parse(argv: list[str]) -> list[str]:
-    try:
-      return parse_flags(argv)
-    except (ConfigError, flags.Error) as error:
-      sys.exit(f'{command}: {error}')
-  return parse

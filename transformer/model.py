@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import fused_attention, fused_norm, hash_rng
+from transformer import kernels
 
 Array = jax.Array
 
@@ -40,17 +40,10 @@ class TransformerConfig:
   max_positions: int = 512  # rows of the learned position table
   layer_norm: str = 'post'  # 'post': LayerNorm(x + Sublayer(x)); 'pre': x + Sublayer(LayerNorm(x))
   layer_norm_epsilon: float = 1e-6
-  # 'xla'; 'cudnn': cuDNN's fused attention kernel (a GPU, bfloat16 or float16, no attention
-  # dropout); 'pallas': one Pallas kernel each way for rows of up to 128 positions (longer ones
-  # XLA's; transformer/fused_attention.py), over the projections of an input made in one product.
-  # The decoding cache's one-position steps always run cached_attention.
+  # How it computes, not what (transformer/kernels/README.md): 'xla', 'cudnn' or 'pallas' attention;
+  # 'heads' (DenseGeneral's) or 'matrix' products for the attention's projections.
   attention_implementation: str = 'xla'
-  # 'heads': DenseGeneral's product over the head axes of the attention's projections;
-  # 'matrix': one matrix product each, the same kernels (see _matrix_product).
   attention_projection: str = 'heads'
-  # 'xla', or 'pallas': in training, each post-norm sub-layer's dropout, residual sum and layer
-  # norm in one Pallas kernel each way (transformer/fused_norm.py; a GPU, d_model a power of 2).
-  norm_implementation: str = 'xla'
   dtype: Any = jnp.float32  # computation
   param_dtype: Any = jnp.float32  # storage
   deterministic: bool = True  # False: apply dropout (needs a 'dropout' rng)
@@ -105,51 +98,6 @@ def cached_attention(query: Array, keys: Array, values: Array, mask: Array) -> A
   return jnp.einsum('bhqk,bhkd->bqhd', weights, values)
 
 
-def _matrix_product(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-  """DenseGeneral's dot_general, the last axes of `lhs` with the first of `rhs` (the kernel), as
-  one [..., K] x [K, N] matrix product; the kernel keeps its shape. With the heads as separate
-  axes, XLA's GPU matmuls computed the attention's weight gradients transposed, and the sums of
-  their split-K parts transposed them back: 54 us per 512x512 weight at base size on an H100,
-  against 4 us for feed-forward weights of as many bytes (docs/speed.md).
-  """
-  (_, kernel_axes), _ = dimension_numbers
-  axes = len(kernel_axes)
-  flat = lhs.reshape(*lhs.shape[:lhs.ndim - axes], -1)
-  out = jax.lax.dot_general(flat, rhs.reshape(flat.shape[-1], -1),
-                            (((flat.ndim - 1,), (0,)), ((), ())), precision=precision,
-                            preferred_element_type=preferred_element_type)
-  return out.reshape(*flat.shape[:-1], *rhs.shape[axes:])
-
-
-class _ProjectionKernel(nn.Module):
-  """The kernel of `nn.DenseGeneral(features=(num_heads, depth), use_bias=False)` over d_model,
-  without its product: the same parameter, path and initial values (initialised as a [d_model,
-  d_model] matrix, as DenseGeneral does), so that projections can be stacked into one product."""
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self) -> Array:
-    cfg = self.config
-    shape = (cfg.d_model, cfg.num_heads, cfg.d_model // cfg.num_heads)
-    init = lambda rng, shape, dtype: _dense_init()(rng, (shape[0], shape[1] * shape[2]),
-                                                   dtype).reshape(shape)
-    return self.param('kernel', init, shape, cfg.param_dtype)
-
-
-def _project(cfg: TransformerConfig, x: Array, kernels: list[Array]) -> Array:
-  """x [..., d_model] times each of the projections' `kernels`, in one product: [...,
-  len(kernels), heads, depth] in cfg.dtype, as DenseGeneral promotes and multiplies."""
-  x, kernel = nn.dtypes.promote_dtype(x, jnp.stack(kernels, axis=1), dtype=cfg.dtype)
-  product = _matrix_product if cfg.attention_projection == 'matrix' else jax.lax.dot_general
-  return product(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-
-
-def _even(query: Array, key: Array) -> bool:
-  """Whether both lengths are even: cuDNN's backward pass with a mask needs them so."""
-  return query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
-
-
 class MultiHeadAttention(nn.Module):
   """Multi-head scaled dot-product attention (section 3.2) with a decoding cache.
 
@@ -181,127 +129,63 @@ class MultiHeadAttention(nn.Module):
       [batch, length, d_model] in config.dtype.
     """
     cfg = self.config
-    kernels = {name: _ProjectionKernel(cfg, name=name)() for name in ('query', 'key', 'value')}
-    project = lambda inputs, *names: _project(cfg, inputs, [kernels[name] for name in names])
-    output = nn.DenseGeneral(
-        cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_dense_init(), name='out',
-        dot_general=_matrix_product if cfg.attention_projection == 'matrix' else None)
-    keys_from = memory if self.cross else x
-    if (cfg.attention_implementation == 'pallas' and not cfg.decode and
-        max(x.shape[1], keys_from.shape[1]) <= fused_attention.MAX_LENGTH):
-      # The projections of one input in one product each way, which the kernels read where they
-      # lie and whose gradients they write into one array: no sum of their input gradients.
-      if self.cross:
-        stacked = project(memory, 'key', 'value')
-        inputs = [project(x, 'query')[:, :, 0], *(fused_attention.Stacked(stacked, i)
-                                                   for i in range(2))]
-      else:
-        stacked = project(x, 'query', 'key', 'value')
-        inputs = [fused_attention.Stacked(stacked, i) for i in range(3)]
-      return output(fused_attention.attention(*inputs, mask))
-    out = None
-    query = project(x, 'query')[:, :, 0]
+    dense = functools.partial(
+        nn.DenseGeneral, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_dense_init(), dot_general=kernels.projection_product(cfg))
+    output = dense(cfg.d_model, axis=(-2, -1), name='out')
+    if cfg.attention_implementation != 'xla' and not cfg.decode:
+      # A fused kernel (transformer/kernels): the same attention in fewer passes over memory.
+      weights = {name: kernels.ProjectionKernel(cfg, name=name)()
+                 for name in ('query', 'key', 'value')}
+      return output(kernels.attention(cfg, x, memory if self.cross else None, weights, mask))
+
+    heads = (cfg.num_heads, cfg.d_model // cfg.num_heads)
+    query = dense(heads, name='query')(x)
+    project_keys = lambda inputs: (dense(heads, name='key')(inputs),
+                                   dense(heads, name='value')(inputs))
     to_cache = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
-    if self.cross:
-      if cfg.decode and self.has_variable('cache', 'cached_key'):
-        out = cached_attention(query, self.get_variable('cache', 'cached_key'),
-                               self.get_variable('cache', 'cached_value'), mask)
-      else:
-        key, value = (project(memory, name)[:, :, 0] for name in ('key', 'value'))
-        if cfg.decode:  # cache set-up: the encoder output is projected once per sentence
-          cached_key, cached_value = to_cache(key, value)
-          self.put_variable('cache', 'cached_key', cached_key)
-          self.put_variable('cache', 'cached_value', cached_value)
+    if cfg.decode and self.cross:
+      if self.has_variable('cache', 'cached_key'):  # a step: keys and values projected before
+        return output(cached_attention(query, self.get_variable('cache', 'cached_key'),
+                                       self.get_variable('cache', 'cached_value'), mask))
+      # Cache set-up: the encoder output is projected once per sentence.
+      key, value = project_keys(memory)
+      cached_key, cached_value = to_cache(key, value)
+      self.put_variable('cache', 'cached_key', cached_key)
+      self.put_variable('cache', 'cached_value', cached_value)
+    elif cfg.decode:
+      key, value = project_keys(x)
+      batch, length, num_heads, depth = key.shape
+      cached_key = self.variable('cache', 'cached_key', jnp.zeros,
+                                 (batch, num_heads, depth, length), key.dtype)
+      cached_value = self.variable('cache', 'cached_value', jnp.zeros,
+                                   (batch, num_heads, length, depth), value.dtype)
+      if decode_index is not None:  # a step: write this position, attend to the prefix
+        key, value = to_cache(key, value)
+        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
+                                                        (0, 0, 0, decode_index))
+        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
+                                                          (0, 0, decode_index, 0))
+        prefix = (jnp.arange(cached_key.value.shape[-1]) <= decode_index)[None, None, None, :]
+        return output(cached_attention(query, cached_key.value, cached_value.value, prefix))
     else:
-      key, value = (project(x, name)[:, :, 0] for name in ('key', 'value'))
-      if cfg.decode:
-        batch, length, heads, depth = key.shape
-        cached_key = self.variable('cache', 'cached_key', jnp.zeros,
-                                   (batch, heads, depth, length), key.dtype)
-        cached_value = self.variable('cache', 'cached_value', jnp.zeros,
-                                     (batch, heads, length, depth), value.dtype)
-        if decode_index is not None:  # one step: write this position, attend to the prefix
-          key, value = to_cache(key, value)
-          cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
-                                                          (0, 0, 0, decode_index))
-          cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
-                                                            (0, 0, decode_index, 0))
-          prefix = (jnp.arange(cached_key.value.shape[-1]) <= decode_index)[None, None, None, :]
-          out = cached_attention(query, cached_key.value, cached_value.value, prefix)
+      key, value = project_keys(memory if self.cross else x)
 
-    if out is None and cfg.attention_implementation == 'cudnn' and _even(query, key):
-      # One fused kernel each way instead of XLA's matmuls, mask, softmax and transposes.
-      out = jax.nn.dot_product_attention(query, key, value, mask=mask.astype(bool),
-                                         implementation='cudnn')
-    elif (out is None and cfg.attention_implementation == 'pallas' and
-          max(query.shape[1], key.shape[1]) <= fused_attention.MAX_LENGTH):
-      out = fused_attention.attention(query, key, value, mask)
-    elif out is None:
-      dropout_rng = None
-      if not cfg.deterministic and cfg.attention_dropout_rate > 0:
-        dropout_rng = self.make_rng('dropout')
-      # module=self sows the softmax weights as intermediates/.../attention_weights, only when
-      # the caller makes 'intermediates' mutable (transformer/attention.py); else it does nothing.
-      out = nn.dot_product_attention(
-          query, key, value, mask=mask, dropout_rng=dropout_rng,
-          dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
-          dtype=cfg.dtype, force_fp32_for_softmax=True, module=self)
+    dropout_rng = None
+    if not cfg.deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    # module=self sows the softmax weights as intermediates/.../attention_weights, only when the
+    # caller makes 'intermediates' mutable (transformer/plots.py); else it does nothing.
+    out = nn.dot_product_attention(
+        query, key, value, mask=mask, dropout_rng=dropout_rng,
+        dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
+        dtype=cfg.dtype, force_fp32_for_softmax=True, module=self)
     return output(out)
-
-
-@jax.custom_jvp
-def relu(x: Array) -> Array:
-  """max(0, x), its derivative read from the output rather than the input (jax.nn.relu's): the
-  backward pass then keeps no pre-activation, and XLA can fuse the ReLU into the matmul before it
-  (on a GPU, cuBLAS's bias-and-ReLU epilogue) instead of a pass of its own."""
-  return jnp.maximum(x, 0)
-
-
-# `out != 0`, not `out > 0`: XLA rewrites max(x, 0) > 0 as x > 0, which needs the pre-activation.
-relu.defjvps(lambda tangent, out, x: jnp.where(out != 0, tangent, 0))
-
-
-def _masked(x: Array, keep: Array, rate: float) -> Array:
-  """nn.Dropout's output for the keep mask `keep`: kept values scaled by 1 / (1 - rate)."""
-  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _hash_dropped(x: Array, words: tuple[Array, Array], rate: float) -> Array:
-  """nn.Dropout's output for a 'hash' key of these `hash_rng.mixed_words`."""
-  return _masked(x, hash_rng.kept(hash_rng.bits(words, x.shape), 1.0 - rate), rate)
-
-
-def _hash_dropped_grads(rate: float, words: tuple[Array, Array], grads: Array):
-  # The barrier keeps XLA from finding the forward's draw in this one and keeping it after all.
-  return _hash_dropped(grads, jax.lax.optimization_barrier(words), rate), None
-
-
-# Written out so that the backward pass draws the mask again instead of keeping it: with the 'hash'
-# bits, a few integer operations per element, the draw fuses into the kernels on either side, and
-# the mask is neither written nor read (docs/speed.md).
-_hash_dropout = jax.custom_vjp(_hash_dropped, nondiff_argnums=(2,))
-_hash_dropout.defvjp(lambda x, words, rate: (_hash_dropped(x, words, rate), words),
-                     _hash_dropped_grads)
-
-
-def _is_hash_key(key: Array) -> bool:
-  """Whether `key` is a typed key of transformer/hash_rng.py's generator."""
-  return jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and (
-      jax.random.key_impl(key) == hash_rng.IMPL)
-
-
-def dropout(x: Array, key: Array, rate: float) -> Array:
-  """nn.Dropout's output for this key; a 'hash' key's mask is drawn again in the backward pass
-  rather than kept (`_hash_dropout`)."""
-  if _is_hash_key(key):
-    return _hash_dropout(x, hash_rng.mixed_words(jax.random.key_data(key)), rate)
-  return _masked(x, jax.random.bernoulli(key, 1.0 - rate, x.shape), rate)
 
 
 class Dropout(nn.Module):
   """nn.Dropout(rate) without broadcast dimensions: the same output and gradients for the same
-  'dropout' rng (`dropout`)."""
+  'dropout' rng."""
 
   rate: float
 
@@ -309,27 +193,11 @@ class Dropout(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     if deterministic or self.rate == 0.0:
       return x
-    return dropout(x, self.make_rng('dropout'), self.rate)
-
-
-class _DropoutKey(nn.Module):
-  """The key a `Dropout` at this module's path draws."""
-
-  @nn.compact
-  def __call__(self) -> Array:
-    return self.make_rng('dropout')
-
-
-class _LayerNormParameters(nn.Module):
-  """nn.LayerNorm's parameters for `features`, at this module's path: (scale, bias)."""
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self, features: int) -> tuple[Array, Array]:
-    shape, dtype = (features,), self.config.param_dtype
-    return (self.param('scale', nn.initializers.ones, shape, dtype),
-            self.param('bias', nn.initializers.zeros, shape, dtype))
+    key = self.make_rng('dropout')
+    if kernels.is_hash_key(key):  # transformer/kernels: the mask drawn again, not kept
+      return kernels.dropout(x, key, self.rate)
+    keep = jax.random.bernoulli(key, 1.0 - self.rate, x.shape)
+    return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
 
 
 class FeedForward(nn.Module):
@@ -342,7 +210,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     dense = functools.partial(
         nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
-    h = relu(dense(cfg.d_ff, name='hidden')(x))
+    h = kernels.relu(dense(cfg.d_ff, name='hidden')(x))  # jax.nn.relu's values
     h = Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
     return dense(cfg.d_model, name='output')(h)
 
@@ -357,21 +225,10 @@ class Residual(nn.Module):
     cfg = self.config
     norm = functools.partial(nn.LayerNorm, epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
                              param_dtype=cfg.param_dtype, name='norm')
+    drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     if cfg.layer_norm == 'pre':
-      return x + Dropout(cfg.dropout_rate)(sublayer(norm()(x)), deterministic=cfg.deterministic)
-    out = sublayer(x)
-    if cfg.norm_implementation == 'pallas' and not cfg.deterministic:
-      # transformer/fused_norm.py, with nn.LayerNorm's parameters and Dropout's key at their paths.
-      scale, bias = _LayerNormParameters(cfg, name='norm')(x.shape[-1])
-      key_data, rate = None, cfg.dropout_rate
-      if rate > 0:
-        key = _DropoutKey(name='Dropout_0')()
-        if _is_hash_key(key):
-          key_data = jax.random.key_data(key)
-        else:  # another generator: its dropout on its own
-          out, rate = dropout(out, key, rate), 0.0
-      return fused_norm.post_norm(x, out, scale, bias, key_data, rate, cfg.layer_norm_epsilon)
-    return norm()(x + Dropout(cfg.dropout_rate)(out, deterministic=cfg.deterministic))
+      return x + drop(sublayer(norm()(x)))
+    return norm()(x + drop(sublayer(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -574,7 +431,7 @@ class Transformer(nn.Module):
       source_positions, source_segment_ids, target_positions, target_segment_ids: of packed
         rows (several pairs per row), as in `Encoder`; None for one pair per row.
       project: False gives the decoder's output instead of logits, for a loss that projects it
-        itself (`loss.projected_token_sums` with `output_table`).
+        itself (`kernels.loss.projected_token_sums` with `output_table`).
 
     Returns:
       float32 logits [batch, target_length, vocab], or the decoder's output [batch,
@@ -612,39 +469,11 @@ def parameter_count(config: TransformerConfig) -> int:
 
 
 def project(states: Array, table: Array) -> Array:
-  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model].
-
-  The operands are in the states' dtype (the model's compute dtype) and the products are summed in
-  float32: bfloat16 operands run at the matrix units' full rate, and the logits stay unrounded.
-  """
+  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model]."""
   if states.dtype == jnp.float32:
     return jnp.dot(states, table.astype(jnp.float32).T)
-  return _low_precision_project(states, table)
-
-
-def _project_forward(states, table):
-  return jnp.einsum('...d,vd->...v', states, table.astype(states.dtype),
-                    preferred_element_type=jnp.float32)
-
-
-def project_gradients(states: Array, table: Array, grads: Array) -> tuple[Array, Array]:
-  """(d states, d table) of `project(states, table)` for the logits' gradient `grads`.
-
-  The products run in the states' dtype and sum in float32, as the forward's: autodiff of the
-  forward would multiply the float32 logit gradients with low-precision operands in float32.
-  """
-  dtype = states.dtype
-  grads = grads.astype(dtype)
-  return (jnp.einsum('...v,vd->...d', grads, table.astype(dtype),
-                     preferred_element_type=jnp.float32).astype(dtype),
-          jnp.einsum('...v,...d->vd', grads, states,
-                     preferred_element_type=jnp.float32).astype(table.dtype))
-
-
-_low_precision_project = jax.custom_vjp(_project_forward)
-_low_precision_project.defvjp(
-    lambda states, table: (_project_forward(states, table), (states, table)),
-    lambda residuals, grads: project_gradients(*residuals, grads))
+  # Not rounded to bfloat16 (8 bits of mantissa): the loss and the beam scores read them.
+  return kernels.low_precision_logits(states, table)
 
 
 def output_table(params) -> Array:

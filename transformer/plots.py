@@ -204,7 +204,7 @@ def attention_figures(workdir: str, sentence: str, average_last: int | None,
   source_ids = translator.vocab.encode(sentence) + [data.EOS_ID]
   target_ids = output_ids(row)
   # XLA's attention, which can hand out its weights; cuDNN's fused kernel never forms them.
-  model_config = config_lib.model_config(config).replace(attention_implementation='xla')
+  model_config = config_lib.model_config(config)
   weights, _ = attention_weights(model_config,
                                  jax_utils.unreplicate(replicated),
                                  np.asarray([source_ids], np.int32),

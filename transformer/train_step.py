@@ -4,11 +4,8 @@ Each device computes sums over its own real (non-pad) target tokens; the sums ar
 the device axis and, with gradient accumulation, over micro-batches, and only then divided by the
 global token count, so an update is the same however the global batch is split.
 
-The steps take the state packed (`pack_state`): the parameters and Adam's moments as one vector
-per dtype. A call then passes 6 arrays (with the step and the optimizer's counts) instead of 546
-at the paper's base size, and a GPU waits for less of the host's work before each step's first
-kernel: on a 2-core CPU our step's call returns after 0.65 ms, flax examples/wmt's after 3.71 ms
-(benchmarks/results/vs_flax_base_cpu.md). And Adam updates all parameters in one kernel.
+The steps take the state packed (`kernels.packing.pack_state`): the parameters and Adam's moments
+as one vector per dtype, so that a call passes a few arrays instead of hundreds.
 """
 
 import functools
@@ -22,8 +19,11 @@ from flax import jax_utils
 from flax.training import train_state
 
 from transformer import config as config_lib
-from transformer import hash_rng, loss, optim, packing
-from transformer.model import Transformer, TransformerConfig, output_table
+from transformer import loss, optim
+from transformer.kernels import hash_rng, packing
+from transformer.kernels import loss as kernel_loss
+from transformer.kernels.choice import Implementations
+from transformer.model import Transformer, output_table
 
 AXIS = 'batch'  # the pmapped device axis
 TrainState = train_state.TrainState
@@ -36,75 +36,53 @@ def replicate(tree):
   return jax_utils.replicate(tree, axis_name=AXIS)
 
 
-def _initial_params(seed: int, model_config: TransformerConfig) -> dict:
-  init_model = Transformer(model_config.replace(attention_implementation='xla'))  # runs anywhere
+def _initial_params(config: ml_collections.ConfigDict) -> dict:
   tokens = jnp.ones((1, 1), jnp.int32)
-  return init_model.init(jax.random.key(seed), tokens, tokens)['params']
+  return Transformer(config_lib.model_config(config)).init(jax.random.key(config.seed), tokens,
+                                                           tokens)['params']
 
 
-def initial_state(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> TrainState:
+def initial_state(config: ml_collections.ConfigDict) -> TrainState:
   """Parameters initialised from config.seed, and the optimizer's state, in the host's memory, as
-  trees (`pack_state` packs them for the steps).
+  trees (`packing.pack_state` packs them for the steps).
 
   Made on the host's CPU (`replicate` copies it to the devices): a GPU spends seconds
   compiling the initialisers, a CPU a fraction of that.
   """
   with jax.default_device(jax.local_devices(backend='cpu')[0]):
-    params = jax.jit(functools.partial(_initial_params, config.seed, model_config))()
-    return TrainState.create(apply_fn=Transformer(model_config).apply, params=params,
-                             tx=optim.optimizer(config))
+    params = jax.jit(functools.partial(_initial_params, config))()
+    return TrainState.create(apply_fn=None, params=params, tx=optim.optimizer(config))
 
 
-def _map_param_trees(fn, tree, structure):
-  """`tree` with `fn` applied to each of its subtrees of `structure` (the optimizer state's trees
-  shaped as the parameters)."""
-  matches = lambda x: jax.tree_util.tree_structure(x) == structure
-  return jax.tree_util.tree_map(lambda x: fn(x) if matches(x) else x, tree, is_leaf=matches)
-
-
-def pack_state(state: TrainState) -> TrainState:
-  """`state` (host arrays) as the steps take it: the parameters, and each tree of the optimizer's
-  state shaped as them (Adam's moments), as one vector per dtype (`packing.pack`)."""
-  structure = jax.tree_util.tree_structure(state.params)
-  return state.replace(params=packing.pack(state.params),
-                       opt_state=_map_param_trees(packing.pack, state.opt_state, structure))
-
-
-def unpack_state(state: TrainState, params_like) -> TrainState:
-  """`pack_state`'s inverse: the trees shaped as `params_like` (views of the host vectors)."""
-  unpack = lambda vectors: packing.unpack(vectors, params_like)
-  structure = jax.tree_util.tree_structure(state.params)
-  return state.replace(params=unpack(state.params),
-                       opt_state=_map_param_trees(unpack, state.opt_state, structure))
-
-
-def _batch_sums(params, batch, model: nn.Module, label_smoothing, chunk, reduction, rngs=None):
-  states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
-  sums = loss.projected_token_sums(states, output_table(params), batch['targets'],
-                                   label_smoothing, chunk, reduction)
+def _batch_sums(params, batch, model: nn.Module, label_smoothing: float,
+                implementations: Implementations, rngs=None) -> dict:
+  """The loss's sums over one batch (`loss.token_sums`), and its real source tokens."""
+  chunk, reduction = implementations.loss_chunk, implementations.loss_reduction
+  if chunk is None and reduction == 'separate':
+    logits = model.apply({'params': params}, **batch, rngs=rngs)
+    sums = loss.token_sums(logits, batch['targets'], label_smoothing)
+  else:  # transformer/kernels/loss.py: the logits a chunk at a time, or read once
+    states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
+    sums = kernel_loss.projected_token_sums(states, output_table(params), batch['targets'],
+                                            label_smoothing, chunk, reduction)
   sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
   return sums
 
 
 class StepFunctions:
   """The per-device step functions of one experiment; wrap each in `jax.pmap(..., AXIS)`. They
-  take the state, or its parameters, packed (`pack_state`)."""
+  take the state, or its parameters, packed (`packing.pack_state`)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, model_config: TransformerConfig):
+  def __init__(self, config: ml_collections.ConfigDict, implementations: Implementations):
+    model_config = config_lib.model_config(config, implementations)
     self.train_model = Transformer(model_config.replace(deterministic=False))
     self.eval_model = Transformer(model_config.replace(deterministic=True))
     self.label_smoothing = config.label_smoothing
-    self.loss_chunk = config_lib.loss_chunk(config)
-    self.loss_reduction = config_lib.loss_reduction(config)
+    self.implementations = implementations
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
     self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl
-    self._initial_params = functools.partial(_initial_params, config.seed, model_config)
-
-  @functools.cached_property
-  def param_shapes(self) -> dict:
-    """The parameters' tree of ShapeDtypeStructs, which `params_tree` unpacks into."""
-    return jax.eval_shape(self._initial_params)
+    self.param_shapes = jax.eval_shape(functools.partial(_initial_params, config))
 
   def params_tree(self, packed_params) -> dict:
     """The parameters' tree of a packed state's `params` (on the host, views of its vectors)."""
@@ -118,8 +96,8 @@ class StepFunctions:
     rng = jax.random.fold_in(jax.random.fold_in(rng, micro_step), jax.lax.axis_index(AXIS))
 
     def loss_sum(params):
-      sums = _batch_sums(params, batch, self.train_model, self.label_smoothing, self.loss_chunk,
-                         self.loss_reduction, {'dropout': rng})
+      sums = _batch_sums(params, batch, self.train_model, self.label_smoothing,
+                         self.implementations, {'dropout': rng})
       return sums['loss'], sums
 
     grads, sums = jax.grad(loss_sum, has_aux=True)(self.params_tree(state.params))
@@ -153,5 +131,5 @@ class StepFunctions:
   def eval_step(self, params, batch):
     """Token sums over the global batch at a packed state's `params`, without dropout."""
     sums = _batch_sums(self.params_tree(params), batch, self.eval_model, self.label_smoothing,
-                       self.loss_chunk, self.loss_reduction)
+                       self.implementations)
     return jax.lax.psum(sums, AXIS)

@@ -11,7 +11,6 @@ import concurrent.futures
 import itertools
 import json
 import signal
-import threading
 import time
 
 import jax
@@ -22,9 +21,10 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
-from transformer import bleu, compiled, data, metrics, model, train_step, translate
+from transformer import bleu, data, metrics, model, train_step, translate
 from transformer.checkpoints import CHECKPOINTS_DIR, Checkpoints, local_copy, state_shapes
 from transformer.data import vocabulary
+from transformer.kernels import choice, compile_ahead, packing
 from transformer.files import make_directory, write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
@@ -32,7 +32,7 @@ from transformer.files import make_directory, write_atomically
 RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang')
 # Model keys that choose how the model computes, not what: a resumed run may change them, and a
 # config.json from before they existed lacks them.
-IMPLEMENTATION_KEYS = ('attention_implementation', 'norm_implementation')
+IMPLEMENTATION_KEYS = ('attention_implementation',)
 # Keys that set the order of the training batches: a resumed run may change them (say, after a
 # move to fewer devices) but then no longer sees the batches an uninterrupted run would.
 DATA_ORDER_KEYS = ('seed', 'packing', 'tokens_per_batch', 'grad_accum_steps', 'max_length',
@@ -169,26 +169,22 @@ class _Evaluator:
     self.config, self.vocab, self.shard, self.writer = config, vocab, shard, writer
     self.steps = steps
     # Keyed by the batch's shapes.
-    self.eval_programs = compiled.Programs(jax.pmap(steps.eval_step, train_step.AXIS))
+    self.eval_programs = compile_ahead.Programs(jax.pmap(steps.eval_step, train_step.AXIS))
     self.translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
     self.batches = {}  # split -> its loss batches
     self.texts = {}  # split -> (sources, references)
-    self._compiling = None  # the thread of compile_ahead
-    self._training = threading.Event()  # the training step has compiled: compile the rest
-    self._closing = threading.Event()  # tells it to stop after the program at hand
+    self.ahead = compile_ahead.Background()
 
   def compile_ahead(self, packed_params, loss_splits: list[str], bleu_splits: list[str]):
     """Prepares the loss step of `loss_splits`' batches and the beam searches of `bleu_splits`
-    on a background thread (on an H100 a cold start of the Multi30k recipe spent 10-30 s on these
-    programs): lowers them at once, Python work that would slow the steps' dispatch, while the
-    training step compiles; compiles them once `training_started` is called, beside the steps,
-    as compiling beside the training step slowed its compilation. Where one is not ready when
-    needed, `loss` and `bleu` wait for it. Not on several hosts: reading a split gathers from
-    every host, which must not happen beside the training loop's own gathers, and pmap compiles
-    no programs ahead there."""
+    on a background thread (a cold start spends seconds on these programs): lowers them while the
+    training step compiles, compiles them once `training_started` is called
+    (`compile_ahead.Background`). Where one is not ready when needed, `loss` and `bleu` wait for
+    it. Not on several hosts: reading a split gathers from every host, which must not happen
+    beside the training loop's own gathers, and pmap compiles no programs ahead there."""
     if jax.process_count() > 1:
       return
-    packed_params = compiled.shapes_of(packed_params)  # the next step donates their buffers
+    packed_params = compile_ahead.shapes_of(packed_params)  # the next step donates their buffers
     # The beam searches take the parameters' tree, as `bleu` gets it.
     params = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct((jax.local_device_count(), *x.shape), x.dtype),
@@ -206,43 +202,16 @@ class _Evaluator:
         for args in searches:
           yield self.translator.programs, args
 
-    def until_closed(planned):  # `close` stops it after the program at hand
-      for programs, args in planned:
-        if self._closing.is_set():
-          return
-        yield programs, args
-
-    def compile_all():
-      began = time.time()
-      try:
-        planned = []
-        for programs, args in until_closed(programs_and_args()):
-          programs.lower(*args)
-          planned.append((programs, args))
-        self._training.wait()
-        for programs, args in until_closed(planned):
-          programs.get(*args)
-      except Exception as error:
-        # `loss` and `bleu` meet it again where they need the program, and stop the run there.
-        logging.warning('compiling the evaluation programs ahead stopped: %s', error)
-        return
-      if not self._closing.is_set():
-        logging.info('evaluation programs compiled ahead in %.1f s', time.time() - began)
-
-    self._compiling = threading.Thread(target=compile_all, name='compile_ahead')
-    self._compiling.start()
+    self.ahead.start(programs_and_args(), 'evaluation programs')
 
   def training_started(self):
     """Lets `compile_ahead`'s thread compile: the training step has compiled."""
-    self._training.set()
+    self.ahead.compile()
 
   def close(self):
     """Stops `compile_ahead`'s thread after the program at hand, and waits for it (a preempted
     run has seconds left)."""
-    self._closing.set()
-    self._training.set()
-    if self._compiling is not None:
-      self._compiling.join()
+    self.ahead.close()
 
   def _loss_batches(self, split: str) -> list:
     if split not in self.batches:
@@ -392,11 +361,9 @@ def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator, stop):
 def train(config: ml_collections.ConfigDict, workdir: str):
   """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
   config_lib.validate(config)
-  config_lib.use_compilation_cache(config)
-  # The choices made by backend are checked first: a config this backend cannot run leaves the
-  # workdir as it was.
-  model_config = config_lib.model_config(config)
-  steps = train_step.StepFunctions(config, model_config)
+  # The implementations are chosen first: a config this machine cannot run leaves the workdir as
+  # it was.
+  steps = train_step.StepFunctions(config, choice.for_this_machine(config))
   make_directory(workdir, '--workdir')
   check_and_write_config(config, workdir)
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
@@ -405,7 +372,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
                num_devices=jax.local_device_count())
   with concurrent.futures.ThreadPoolExecutor(1, 'initial_state') as pool:
     # The initialisers compile and run while the data is prepared (1-2 s on a cold start).
-    initial_state = pool.submit(train_step.initial_state, config, model_config)
+    initial_state = pool.submit(train_step.initial_state, config)
     # Read once for the vocabulary and the batches. Other hosts load it once process 0 has
     # prepared it and the vocabulary.
     corpus = data.load_split(config, 'train') if jax.process_index() == 0 else None
@@ -420,7 +387,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     state = state.replace(step=start_step, **restored)
   parameters_per_token = model.parameters_per_token(state.params)
   logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
-  state = train_step.replicate(train_step.pack_state(state))
+  state = train_step.replicate(packing.pack_state(state))
   params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for BLEU on the way
 
   optimizer_step = _OptimizerStep(steps, config.grad_accum_steps)
@@ -444,7 +411,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     stream = itertools.chain([first], batches)
     if jax.process_count() == 1:  # where compile_ahead runs
       # Traced before compile_ahead's thread starts tracing too: sharing the interpreter with it
-      # delayed the first step (one-off, 2 CPU cores: 1.1 s of 6 s).
+      # delayed the first step.
       optimizer_step.lower(state, first)
     evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
     evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
@@ -476,7 +443,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         log.restart_clock()
       if last or preempted or secs_due or _every(step, config.checkpoint_every_steps):
         log.check_finite(step)  # nothing non-finite may reach a checkpoint
-        saved = train_step.unpack_state(local_copy(state), steps.param_shapes)
+        saved = packing.unpack_state(local_copy(state), steps.param_shapes)
         checkpoints.save(step, {'params': saved.params, 'opt_state': saved.opt_state},
                          {'step': step, 'data_position': batches.position,
                           'data_shards': jax.device_count()})

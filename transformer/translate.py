@@ -12,8 +12,9 @@ import tqdm
 from absl import flags, logging
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, compiled, data, decode, metrics, train_step
+from transformer import checkpoints, data, decode, metrics, train_step
 from transformer import config as config_lib
+from transformer.kernels import choice, compile_ahead
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
@@ -87,10 +88,11 @@ class Translator:
   def __init__(self, config: ml_collections.ConfigDict, vocab: data.Vocabulary, beam_size: int,
                alpha: float):
     self.config, self.vocab, self.beam_size, self.alpha = config, vocab, beam_size, alpha
-    model_config = config_lib.model_config(config)
+    implementations = choice.for_this_machine(config)
+    model_config = config_lib.model_config(config, implementations)
     self.devices = jax.local_device_count()
     # Source tokens per device and call: beam_size hypotheses of each sentence share the budget.
-    self.tokens_per_device = max(config_lib.decode_batch_tokens(config) // beam_size, LENGTH_STEP)
+    self.tokens_per_device = max(implementations.decode_batch_tokens // beam_size, LENGTH_STEP)
     # Learned positions end at max_positions; past it their lookup gives NaN embeddings.
     self.max_source_tokens = (config.model.max_positions - config.decode_extra_length
                               if config.model.positional_encoding == 'learned' else None)
@@ -99,7 +101,7 @@ class Translator:
       return decode.beam_search(model_config, params, sources, beam_size=beam_size, alpha=alpha,
                                 extra_length=config.decode_extra_length)[0]
 
-    self.programs = compiled.Programs(jax.pmap(search))  # keyed by (rows per device, length)
+    self.programs = compile_ahead.Programs(jax.pmap(search))  # keyed by (rows per device, length)
 
   @property
   def compile_secs(self) -> float:
@@ -256,9 +258,7 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
   Raises:
     ConfigError, DataError, CheckpointError: the workdir is not a usable run; the message says why.
   """
-  config = config_lib.for_this_backend(config_lib.load_workdir_config(workdir))
-  config_lib.use_xla_flags(config)
-  config_lib.use_compilation_cache(config)
+  config = choice.runnable_here(config_lib.load_workdir_config(workdir))
   vocab = data.load_vocabulary(config, workdir)
   params, steps = checkpoints.load_params(workdir, config, average_last)
   translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,

@@ -1,0 +1,128 @@
+"""What the commands (train.py, eval.py, translate.py, ...) do before the library runs: read
+their flags, with the --config file flag's mistakes as one line, and set up JAX for the run (its
+XLA flags, its compilation cache). The library itself touches neither.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import ml_collections
+from absl import flags, logging
+from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
+
+from transformer import files
+from transformer.config import ConfigError
+
+
+def use_compilation_cache(config: ml_collections.ConfigDict):
+  """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs.
+
+  Raises:
+    files.DirectoryError: it cannot be a directory (JAX would warn at every program and compile
+      on).
+  """
+  if config.compilation_cache_dir:
+    path = os.path.expanduser(config.compilation_cache_dir)
+    files.make_directory(path, 'config.compilation_cache_dir')
+    jax.config.update('jax_compilation_cache_dir', path)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+
+
+def _check_xla_flags(config: ml_collections.ConfigDict, flags_to_add: list[str]):
+  """Raises ConfigError for a flag XLA does not know or a value it cannot read.
+
+  XLA reads XLA_FLAGS once, and on such a flag ends the process with a fatal log (for a bad value,
+  after printing every flag it has): jaxlib reads them first in a subprocess, which costs a
+  fraction of a second.
+  """
+  result = subprocess.run(
+      [sys.executable, '-c', 'from jaxlib import _jax; _jax.CompileOptions()'],
+      env={**os.environ, 'XLA_FLAGS': ' '.join(flags_to_add)}, capture_output=True, text=True,
+      check=False)
+  if result.returncode == 0:
+    return
+  reasons = [line.split('] ', 1)[-1].rstrip('.') for line in result.stderr.splitlines()
+             if 'Unknown flag in XLA_FLAGS' in line or "Couldn't interpret value" in line]
+  if not reasons:  # not XLA's flag parsing: jaxlib itself failed, unrelated to the flags
+    logging.warning('config.xla_flags not checked: %s', result.stderr.strip()[-300:])
+    return
+  raise ConfigError(
+      f'config.xla_flags={config.xla_flags!r}: XLA rejects it ({reasons[0]}); see '
+      '`XLA_FLAGS=--help python -c "import jax; jax.devices()"` for the flags this jaxlib knows')
+
+
+def use_xla_flags(config: ml_collections.ConfigDict):
+  """Adds config.xla_flags to the XLA_FLAGS environment variable, which XLA reads when JAX starts
+  its backend: call it before anything runs on a device. A flag XLA_FLAGS already names keeps
+  the environment's value.
+
+  Raises:
+    ConfigError: XLA does not know one of the flags, or cannot read its value.
+  """
+  current = os.environ.get('XLA_FLAGS', '').split()
+  named = {flag.split('=')[0] for flag in current}
+  missing = [flag for flag in config.xla_flags.split() if flag.split('=')[0] not in named]
+  if not missing:
+    return
+  _check_xla_flags(config, missing)
+  if xla_bridge.backends_are_initialized():
+    logging.warning('config.xla_flags %s not applied: JAX started its backend before; set '
+                    'XLA_FLAGS before the process starts', ' '.join(missing))
+    return
+  os.environ['XLA_FLAGS'] = ' '.join(current + missing)
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
+                name: str = 'config') -> list[str]:
+  """absl's parsing of `argv` into `flag_values`, whose `--{name}` is an ml_collections config
+  file flag. ml_collections reports a missing file, an argument its get_config rejects, or an
+  unknown --{name}.key as a traceback; each raises one ConfigError naming the flag instead."""
+  overrides = [arg for arg in argv[1:] if arg.startswith(f'--{name}.')]
+  value = next((arg for arg in argv[1:] if arg.startswith(f'--{name}=')), f'--{name}')
+  try:
+    remaining = flag_values(argv)
+    getattr(flag_values[name].value, 'get', None)  # ml_collections defers a failed load to here
+  except OSError as error:  # the file is missing: the message ends with the path tried
+    raise ConfigError(f'{value}: {str(error).strip().splitlines()[-1].strip()}') from None
+  except flags.Error as error:
+    if 'Error whilst parsing config file' not in str(error):
+      raise
+    # The last line of the traceback ml_collections puts in the message: get_config's exception.
+    problem = str(error).strip().splitlines()[-1].split(': ', 1)[-1]
+    raise ConfigError(problem if value.split('=', 1)[-1] in problem else
+                      f'{value}: {problem}') from None
+  except (KeyError, AttributeError) as error:
+    while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError)
+      error = error.args[0]
+    key, _, did_you_mean = str(error.args[0] if error.args else error).partition('\n')
+    key = key.strip("'")
+    override = next((arg for arg in overrides
+                     if key in arg.split('=', 1)[0].split('.')), ' '.join(overrides))
+    problem = f'no key {key!r} in the config' if key.isidentifier() else key
+    raise ConfigError(f'{override}: {problem}. {did_you_mean}'.strip()) from None
+  return remaining
+
+
+def flags_parser(command: str):
+  """An absl `flags_parser` for `command` (e.g. 'train.py'): `parse_flags`, and a bad --config
+  ends the command with one line, `<command>: <what is wrong>`."""
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      return parse_flags(argv)
+    except (ConfigError, flags.Error) as error:
+      sys.exit(f'{command}: {error}')
+  return parse
+
+
+def set_up_jax(config: ml_collections.ConfigDict):
+  """Applies config.xla_flags and config.compilation_cache_dir: call it before anything runs on a
+  device.
+
+  Raises:
+    ConfigError: XLA rejects one of the flags.
+    files.DirectoryError: the cache cannot be a directory.
+  """
+  use_xla_flags(config)
+  use_compilation_cache(config)
