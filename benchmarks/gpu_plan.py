@@ -1,9 +1,8 @@
 r"""XLA's plan for the train step on an H100, compiled on a machine without a GPU.
 
   pip install -e '.[cuda12]'  # jax's CUDA plugin ('.[cuda13]' too); no GPU or driver needed
-  pip install triton  # optional: the Pallas kernels' registers
   python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--packed]
-      [--variant='key=value ...']... [--flax_dir=DIR] [--ours=CHECKOUT] [--name=gpu_plan]
+      [--variant='key=value ...']... [--flax_dir=DIR] [--name=gpu_plan]
 
 jax compiles for a GPU described by XLA's target config (`jax.experimental.topologies`, XLA's
 deviceless compilation), so what XLA would launch on an H100 can be read anywhere: our train step
@@ -11,13 +10,11 @@ deviceless compilation), so what XLA would launch on an H100 can be read anywher
 examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py), the
 bytes that those which are not matmuls move (bound by bandwidth: the H100 moved them at 71% of
 its 3.35 TB/s, docs/speed.md), the split-K matmuls whose partial sums XLA adds in a kernel
-that transposes them, 54 us against 4 us a 512x512 weight on an H100 (docs/speed.md), and what
-the host launches: the CUDA graphs the kernels run in, and the kernels and calls it launches one
-by one outside them (read from XLA's dump of the program's thunks). Without a
-GPU XLA cannot autotune, so matmuls get its default tilings and the plan approximates the one an
-H100 compiles; times come only from a GPU (benchmarks/profile_step.py). Where the `triton`
-package is installed, the Pallas kernels' registers, spills and warps an SM holds follow
-(benchmarks/triton_kernels.py). The config's by-backend choices are the GPU's. Writes
+that transposes them, and what the host launches: the CUDA graphs the kernels run in, and the
+kernels and calls it launches one by one outside them (read from XLA's dump of the program's
+thunks). Without a GPU XLA cannot autotune, so matmuls get its default tilings and the plan
+approximates the one an H100 compiles; times come only from a GPU (benchmarks/profile_step.py).
+The implementations are those an H100 runs (`kernels.choice`). Writes
 benchmarks/results/<name>.{json,md}.
 """
 
@@ -36,11 +33,11 @@ from absl import app, flags  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from benchmarks import triton_kernels  # noqa: E402
 from benchmarks.hlo import kernel_bytes, kernels_by_class, launches, split_k_sums  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
-                                 import_ours, load_config, parse_shape)
+                                 load_config, parse_shape)
+from transformer.kernels.choice import Machine  # noqa: E402
 
 _SIZE = flags.DEFINE_enum('size', 'base', list(CONFIG_FILES), "The model's config.")
 _SHAPE = flags.DEFINE_string('shape', '256x64', 'Training batch, rows x length.')
@@ -52,9 +49,6 @@ _VARIANTS = flags.DEFINE_multi_string(
 _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', FLAX_DIR, "Where flax examples/wmt is (fetched from the flax sdist if absent); "
     "'' leaves flax's step out.")
-_OURS = flags.DEFINE_string(
-    'ours', '', "A checkout whose configs/ and transformer/ are planned as ours (default: this "
-    "one).")
 _NAME = flags.DEFINE_string('name', 'gpu_plan', 'Results go to <name>.json and <name>.md.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where the results go.')
@@ -77,6 +71,7 @@ dnn_version_info { major: 9 minor: 8 }
 runtime_version { major: 12 minor: 9 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
+H100_MACHINE = Machine('gpu', 'NVIDIA H100 80GB HBM3', '9.0', 1)
 
 
 def h100_mesh():
@@ -91,20 +86,19 @@ def h100_mesh():
   return topologies.make_mesh(topology, (1,), ('batch',))
 
 
-def plan(hlo: str, thunks: str, kernels: list[dict]) -> dict:
+def plan(hlo: str, thunks: str) -> dict:
   """The kernels by class, the bytes of those that are not matmuls, the split-K sums and the
-  host's launches of an optimized GPU module and its thunk sequence; and the resources of its
-  Triton `kernels` (`triton_kernels.modules`)."""
+  host's launches of an optimized GPU module and its thunk sequence."""
   sums = split_k_sums(hlo)
   return {'kernels': kernels_by_class(hlo), 'kernel_bytes': kernel_bytes(hlo),
           'split_k_sums': len(sums), 'transposed_sums': sum(s['transposed'] for s in sums),
-          'launches': launches(thunks), 'triton_kernels': triton_kernels.resources(kernels)}
+          'launches': launches(thunks)}
 
 
-def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str, list[dict]]:
-  """The optimized HLO, the thunk sequence and the Triton kernels (`triton_kernels.modules`)
-  of the per-device `step` (pmapped in training, its axis 'batch') compiled for `h100_mesh()`:
-  under shard_map over it, so that its collectives have their axis."""
+def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str]:
+  """The optimized HLO and the thunk sequence of the per-device `step` (pmapped in training, its
+  axis 'batch') compiled for `h100_mesh()`: under shard_map over it, so that its collectives
+  have their axis."""
   replicated = NamedSharding(mesh, PartitionSpec())
   args = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
@@ -117,13 +111,11 @@ def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str, list[di
     paths = (glob.glob(os.path.join(dump, '*.thunk_sequence_after_thunk_passes.txt')) or
              glob.glob(os.path.join(dump, '*.thunk_sequence.txt')))
     with open(paths[0]) as f:
-      return (compiled.as_text(), f.read(),
-              triton_kernels.modules(lowered.compiler_ir('stablehlo')))
+      return compiled.as_text(), f.read()
 
 
-def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
+def markdown(rows: list[dict], size: str, shape: str) -> str:
   classes = sorted({c for row in rows for c in row['kernels']})
-  source = f' Ours: the checkout {checkout}.' if checkout else ''
   lines = [f'XLA\'s plan of one train step for an NVIDIA H100, compiled without one by jax '
            f'{jax.__version__} (`python -m benchmarks.gpu_plan`): {size} size, {shape} batch. '
            'GB moved: what the kernels that are not matmuls or cuDNN\'s attention read and '
@@ -133,8 +125,7 @@ def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
            'products; transposed: those that write them in another layout than the matmul. '
            'CUDA graphs: the command buffers the host launches the kernels in, each at once; '
            'launched alone: the kernels, library calls, copies and loops it launches one by '
-           'one outside them (`benchmarks.hlo.launches`).'
-           f'{source}', '',
+           'one outside them (`benchmarks.hlo.launches`).', '',
            '| side | variant | kernels | ' + ' | '.join(classes) +
            ' | GB moved | split-K sums | transposed | CUDA graphs | launched alone |',
            '| --- | --- | --- | ' + ' | '.join('---' for _ in classes) +
@@ -146,23 +137,20 @@ def markdown(rows: list[dict], size: str, shape: str, checkout: str) -> str:
                  f" | {sum(row['kernel_bytes'].values()) / 1e9:.2f} | {row['split_k_sums']} | "
                  f"{row['transposed_sums']} | {row['launches']['cuda_graphs']} | "
                  f"{row['launches']['alone']} |")
-  return '\n'.join(lines + triton_kernels.table(rows)) + '\n'
+  return '\n'.join(lines) + '\n'
 
 
 def main(argv):
   del argv
   jax.config.update('jax_enable_compilation_cache', False)  # a cached program leaves no dump
   mesh = h100_mesh()
-  jax.default_backend = lambda: 'gpu'  # the config's by-backend choices (attention, loss)
+  jax.default_backend = lambda: 'gpu'  # the Pallas kernels lower for a GPU, not the interpreter
   rows, length = parse_shape(_SHAPE.value)
   names = Flax.INPUT_NAMES if _PACKED.value else ('sources', 'targets')  # a batch's keys
   batch = {name: jax.ShapeDtypeStruct((rows, length), jnp.int32) for name in names}
-  modules = import_ours(_OURS.value)
-  if hasattr(modules.config, 'fused_kernels_run'):  # it asks the devices, here the CPU's
-    modules.config.fused_kernels_run = lambda: True  # an H100's compute capability, 9.0
   results = []
   for variant in _VARIANTS.value:
-    ours = Ours(modules, load_config(variant, _SIZE.value, _OURS.value))
+    ours = Ours(load_config(variant, _SIZE.value), H100_MACHINE)
     state = jax.tree_util.tree_map(lambda x: x[0], ours.state)
     compiled = compile_for_h100(mesh, ours.steps.train_step, (state, batch),
                                 ours.compiler_options)
@@ -177,8 +165,7 @@ def main(argv):
   shape = _SHAPE.value + (' packed' if _PACKED.value else '')
   write_results(_OUTPUT.value, _NAME.value,
                 {'size': _SIZE.value, 'shape': shape, 'device': 'NVIDIA H100 80GB HBM3',
-                 'jax': jax.__version__, 'ours': _OURS.value or 'this checkout',
-                 'rows': results}, markdown(results, _SIZE.value, shape, _OURS.value))
+                 'jax': jax.__version__, 'rows': results}, markdown(results, _SIZE.value, shape))
 
 
 if __name__ == '__main__':

@@ -39,16 +39,6 @@ def round_robin(fns: dict, repeats: int) -> dict:
   return times
 
 
-def ratios(times: dict, baseline: str) -> dict:
-  """{name: (median, [lowest, highest])} of each round's time over `baseline`'s in that round,
-  from round_robin's times."""
-  result = {}
-  for name, secs in times.items():
-    per_round = sorted(s / base for s, base in zip(secs, times[baseline]))
-    result[name] = (statistics.median(per_round), [per_round[0], per_round[-1]])
-  return result
-
-
 def machine() -> dict:
   """CPU model with its widest vector unit, cores, the accelerator if jax uses one, and library
   versions."""

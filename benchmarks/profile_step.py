@@ -2,7 +2,7 @@ r"""Where the training step's time goes: a jax.profiler trace read against XLA's
 
   python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
       [--side=ours|flax] [--shape=128x32] [--packed] [--steps=5] [--top=12]
-      [--name=profile_step] [--keep_trace] [--ours=CHECKOUT]
+      [--name=profile_step] [--keep_trace]
 
 Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
 configs/default.py, with the variant's config overrides; the random batch of vs_flax.py, or with
@@ -17,10 +17,8 @@ operations with the jax op that made them, the heaviest jax ops with their layer
 summed, and the model FLOP/s of the step and of its matmuls alone (6 FLOPs per parameter and real
 token, over matmul time) beside the matmul peak of measure.py in the model's dtype; on an
 accelerator also how busy its timeline was within each step and how long it idled between steps
-(`device_timeline`). With --ours, the model and steps profiled as ours are those of another
-checkout (an earlier commit's `git archive COMMIT configs transformer`, extracted). Writes
-benchmarks/results/<name>.{json,md}; with --keep_trace also the trace (<name>.trace.json.gz) and
-the optimized HLO (<name>.hlo.txt.gz), to read again.
+(`device_timeline`). Writes benchmarks/results/<name>.{json,md}; with --keep_trace also the
+trace (<name>.trace.json.gz) and the optimized HLO (<name>.hlo.txt.gz), to read again.
 """
 
 import collections
@@ -40,8 +38,7 @@ from absl import app, flags
 from benchmarks.hlo import hlo_classes
 from benchmarks.measure import machine, machine_name, matmul_peak, write_results
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,
-                                 import_ours, load_config, packed_batch, parse_shape,
-                                 random_batch)
+                                 load_config, packed_batch, parse_shape, random_batch)
 
 _SHAPE = flags.DEFINE_string('shape', '128x32', 'Training batch, rows x length.')
 _PACKED = flags.DEFINE_bool('packed', False, "Rows packed with several pairs, as train.py's "
@@ -53,9 +50,6 @@ _VARIANT = flags.DEFINE_string('variant', '', 'Space-separated key=value config 
 _SIDE = flags.DEFINE_enum('side', 'ours', ['ours', 'flax'], 'Whose train step is traced.')
 _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', FLAX_DIR, 'Where flax examples/wmt is (fetched from the flax sdist if absent).')
-_OURS = flags.DEFINE_string(
-    'ours', '', 'A checkout whose configs/ and transformer/ are profiled as ours (default: this '
-    'one).')
 _KEEP_TRACE = flags.DEFINE_bool('keep_trace', False, 'Also write the trace and the HLO.')
 _REREAD = flags.DEFINE_bool(
     'reread', False, 'Sum up the trace and HLO that --keep_trace wrote under --name again, and '
@@ -154,7 +148,7 @@ def main(argv):
 
 def measure(paths: dict) -> dict:
   """Traces --steps train steps and sums up the trace."""
-  ours = Ours(import_ours(_OURS.value), load_config(_VARIANT.value, _SIZE.value, _OURS.value))
+  ours = Ours(load_config(_VARIANT.value, _SIZE.value))
   make_batch = packed_batch if _PACKED.value else random_batch
   batch = make_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
                      ours.model_config.vocab_size)
@@ -185,7 +179,6 @@ def measure(paths: dict) -> dict:
       'model_flops_per_sec': float(flops / step_secs),
       'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
       'size': _SIZE.value, 'variant': _VARIANT.value, 'side': _SIDE.value,
-      'ours': _OURS.value or 'this checkout',
       'machine': machine(), **results}
 
 

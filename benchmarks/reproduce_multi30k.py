@@ -27,7 +27,9 @@ import time
 from absl import app, flags
 
 from benchmarks.measure import add_row, commit, machine, machine_name
-from benchmarks.multi30k_setup import MANUAL_DIR
+
+MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
+                                 'Directory of the Multi30k files.')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS

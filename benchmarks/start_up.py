@@ -28,7 +28,7 @@ import time
 from absl import app, flags
 
 from benchmarks.measure import add_row, commit, machine, machine_name
-from benchmarks.multi30k_setup import MANUAL_DIR
+from benchmarks.reproduce_multi30k import MANUAL_DIR
 
 _CHECKOUT = flags.DEFINE_string('checkout', os.path.dirname(os.path.dirname(__file__)),
                                 'The repository checkout whose train.py runs.')
@@ -56,7 +56,7 @@ POLL_SECS = 0.02
 
 def last_step(checkout: str, args: list[str]) -> int:
   """config.num_train_steps of train.py's --config with its overrides `args`."""
-  code = ('import sys; from transformer import config as c; from absl import flags; '
+  code = ('import sys; from transformer import commands as c; from absl import flags; '
           'from ml_collections import config_flags; f = flags.FlagValues(); '
           'config_flags.DEFINE_config_file("config", flag_values=f, sys_argv=sys.argv); '
           'c.parse_flags(sys.argv, f); print(f.config.num_train_steps)')

@@ -2,7 +2,7 @@ r"""Our train step and beam search against flax's examples/wmt, timed alternatel
 
   python -m benchmarks.vs_flax [--size=multi30k|base] [--variant='key=value ...'] [--repeats=15]
       [--train_shapes=128x32,...] [--steps_per_call=1,5] [--beam_shape=64x24 or ''] [--name=vs_flax]
-      [--flax_dir=DIR] [--ours=CHECKOUT]
+      [--flax_dir=DIR]
 
 The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
 `pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
@@ -35,8 +35,7 @@ of the rounds' ratios.
 
 Also measured in the same run: this machine's jitted matmul peak in the models' dtype, and each
 side's model FLOP/s (2 FLOPs per parameter and real token forward, 6 with the backward pass; the
-same count for both sides). Writes benchmarks/results/<name>.{json,md}. With --ours, the model and
-steps timed as ours are those of another checkout (see benchmarks/changes.py).
+same count for both sides). Writes benchmarks/results/<name>.{json,md}.
 """
 
 import functools
@@ -51,8 +50,7 @@ from absl import app, flags
 from benchmarks.measure import (machine, machine_name, matmul_peak, round_robin, tflops,
                                 write_results)
 from benchmarks.workload import (ALPHA, BEAM_SIZE, CONFIG_FILES, EXTRA_LENGTH, FLAX_DIR, Flax,
-                                 Ours, fetch_flax_examples, import_ours, load_config, parse_shape,
-                                 random_batch)
+                                 Ours, fetch_flax_examples, load_config, parse_shape, random_batch)
 from transformer import decode
 
 _FLAX_DIR = flags.DEFINE_string(
@@ -69,8 +67,6 @@ _SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The models\' 
 _VARIANTS = flags.DEFINE_multi_string(
     'variant', [], 'Space-separated key=value config overrides of one more of ours.')
 _NAME = flags.DEFINE_string('name', 'vs_flax', 'Results go to <name>.json and <name>.md.')
-_OURS = flags.DEFINE_string(
-    'ours', '', 'A checkout whose configs/ and transformer/ are timed as ours (default: this one).')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where vs_flax.json and vs_flax.md go.')
 
@@ -89,8 +85,7 @@ def main(argv):
   del argv
   repeats = _REPEATS.value
   rng = np.random.default_rng(0)
-  modules = import_ours(_OURS.value)
-  ours = {variant or 'ours': Ours(modules, load_config(variant, _SIZE.value, _OURS.value))
+  ours = {variant or 'ours': Ours(load_config(variant, _SIZE.value))
           for variant in ['', *_VARIANTS.value]}
   mine = ours['ours']
   reference = Flax(fetch_flax_examples(_FLAX_DIR.value), mine)

@@ -1,8 +1,6 @@
 """What the speed benchmarks time: our model at configs/multi30k.py's size or the paper's base size
 (configs/default.py), with a variant's config overrides, and flax's examples/wmt at the same size,
 on random batches.
-
-`import_ours` can take the model and steps from another checkout, to time an earlier commit.
 """
 
 import functools
@@ -26,40 +24,29 @@ from absl import flags
 from flax import jax_utils
 from ml_collections import config_flags
 
+from configs import multi30k
+from transformer import commands, decode, model, train_step
 from transformer import config as config_lib
-from transformer import decode, model
 from transformer.data import batching
+from transformer.kernels import choice, packing
 
 CONFIG_FILES = {'multi30k': 'multi30k.py', 'base': 'default.py'}  # in configs/
 
 
-def load_config(variant: str, size: str = 'multi30k', checkout: str = ''):
-  """The config of `size` from the configs/ of `checkout` (default: this one), with the variant's
-  space-separated key=value overrides, parsed as train.py parses its --config.key=value; a value
-  with spaces is quoted as in a shell: xla_flags='--xla_a=1 --xla_b=2'."""
-  root = checkout or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def load_config(variant: str, size: str = 'multi30k'):
+  """The config of `size` with the variant's space-separated key=value overrides, parsed as
+  train.py parses its --config.key=value; a value with spaces is quoted as in a shell:
+  xla_flags='--xla_a=1 --xla_b=2'."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   argv = ['benchmark', f'--config={os.path.join(root, "configs", CONFIG_FILES[size])}',
           *(f'--config.{o}' for o in shlex.split(variant))]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
   try:
-    config_lib.parse_flags(argv, flag_values)
+    commands.parse_flags(argv, flag_values)
   except (config_lib.ConfigError, flags.Error) as error:
     raise SystemExit(f'--variant={variant!r}: {error}') from None
   return flag_values.config
-
-
-def import_ours(checkout: str) -> types.SimpleNamespace:
-  """configs.multi30k and transformer's config, decode and train_step: this checkout's, or those
-  of `checkout`, imported in their place."""
-  if checkout:
-    for name in [n for n in sys.modules if n.split('.')[0] in ('configs', 'transformer')]:
-      del sys.modules[name]  # modules imported before this (measure, ...) keep their own
-    sys.path.insert(0, os.path.abspath(checkout))
-  return types.SimpleNamespace(**{
-      name.split('.')[-1]: importlib.import_module(name)
-      for name in ('configs.multi30k', 'transformer.config', 'transformer.decode',
-                   'transformer.train_step')})
 
 
 def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: int) -> dict:
@@ -120,23 +107,19 @@ def run_steps(one_step, steps: int) -> float:
 
 
 class Ours:
-  """Our model and steps at configs/multi30k.py's size, or with another `config`, its train step
-  compiled with its config.xla_flags."""
+  """Our model and steps at configs/multi30k.py's size, or with another `config`, with the
+  implementations `machine` runs (default: this one's), its train step compiled with its
+  config.xla_flags."""
 
-  def __init__(self, modules: types.SimpleNamespace, config=None):
-    self.decode, train_step = modules.decode, modules.train_step
-    self.config = config or modules.multi30k.get_config()
-    modules.config.validate(self.config)
-    self.model_config = modules.config.model_config(self.config)
-    self.steps = train_step.StepFunctions(self.config, self.model_config)
-    state = train_step.initial_state(self.config, self.model_config)
+  def __init__(self, config=None, machine: choice.Machine | None = None):
+    self.config = config or multi30k.get_config()
+    config_lib.validate(self.config)
+    implementations = choice.choose(self.config, machine or choice.Machine.here())
+    self.model_config = config_lib.model_config(self.config, implementations)
+    self.steps = train_step.StepFunctions(self.config, implementations)
+    state = train_step.initial_state(self.config)
     self.parameters = model.parameters_per_token(state.params)
-    # As train.py steps it; benchmarks.changes times commits from before the packed state and
-    # train_step.replicate, which are spelled out here.
-    self.packed = hasattr(train_step, 'pack_state')
-    if self.packed:
-      state = train_step.pack_state(state)
-    self.state = jax_utils.replicate(state, axis_name=train_step.AXIS)
+    self.state = train_step.replicate(packing.pack_state(state))
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.compiler_options = compiler_options(self.config)
     self._compiled = {}  # batch shapes -> the compiled train step
@@ -169,16 +152,14 @@ class Ours:
         compiler_options=self.compiler_options).as_text()
 
   def beam_params(self):
-    params = jax_utils.unreplicate(self.state.params)
-    if self.packed:
-      params = self.steps.params_tree(params)
+    params = self.steps.params_tree(jax_utils.unreplicate(self.state.params))
     table = params['source_embedding']['embedding']
     return {**params, 'source_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
 
   def beam_search(self, params, sources, beam_size: int, alpha: float, extra_length: int):
-    tokens, _, steps = self.decode.beam_search(self.model_config, params, sources,
-                                               beam_size=beam_size, alpha=alpha,
-                                               extra_length=extra_length)
+    tokens, _, steps = decode.beam_search(self.model_config, params, sources,
+                                          beam_size=beam_size, alpha=alpha,
+                                          extra_length=extra_length)
     return jax.block_until_ready(tokens), int(steps)
 
 

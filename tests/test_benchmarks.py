@@ -1,6 +1,6 @@
 """The benchmarks' own logic: the profiler's reading of XLA's optimized HLO, the reproduction's
-results table, the step-cost comparison's configs, rounds and ratios, a variant's own XLA options,
-the generated WMT-sized corpus, the start-up milestones, a checkpoint's cost to the loop."""
+results table, the rounds of timings, a variant's own XLA options, the generated WMT-sized corpus, the
+start-up milestones."""
 
 import gzip
 import importlib.util
@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import types
 
 import jax
@@ -16,14 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import (attention_speed, checkpoint_cost, hlo, profile_step, reproduce_multi30k,
-                        step_cost, triton_kernels, wmt_scale, workload)
+from benchmarks import hlo, profile_step, reproduce_multi30k, wmt_scale, workload
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
-from transformer import config as config_lib
 from transformer import decode
-from transformer import train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,19 +211,11 @@ def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
                   '--shape=16x16', '--variant=', '--variant=xla_flags=',
                   '--variant=model.dtype=bfloat16 model.attention_implementation=cudnn',
-                  '--variant=model.dtype=bfloat16 model.attention_implementation=cudnn '
-                  'model.norm_implementation=pallas loss_reduction=pallas',
-                  '--variant=model.dtype=bfloat16',  # by backend: the fused attention's kernels
+                  '--variant=model.dtype=bfloat16',  # an H100's choice: the fused attention's
                   '--flax_dir=', f'--output={tmp_path}'], check=True, cwd=ROOT)
-  configured, defaults, half, fused, attention = json.loads(
+  configured, defaults, half, attention = json.loads(
       (tmp_path / 'gpu_plan.json').read_text())['rows']
   assert configured['kernels']['matmul'] > 0 and defaults['kernels']['matmul'] > 0
-  # The Pallas kernels compile for it too: the fused layer norm's, one per post-norm sub-layer each
-  # way (2 + 2 layers: 2 x 2 + 2 x 3 sub-layers), in place of XLA's reductions around them; and
-  # the fused loss's, whose one read of the logits replaces two.
-  assert fused['kernels']['other'] - half['kernels']['other'] == 2 * (2 * 2 + 2 * 3) + 1
-  assert fused['kernels']['reduction'] < half['kernels']['reduction']
-  assert sum(fused['kernel_bytes'].values()) < sum(half['kernel_bytes'].values())
   # The fused attention's kernels in place of cuDNN's, one each way per attention layer, over the
   # projections of an input made in one product: fewer matmuls, and no sums of their gradients.
   assert attention['kernels']['other'] == half['kernels']['other']
@@ -240,58 +228,6 @@ def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   assert configured['launches'] == {'cuda_graphs': 1, 'alone': 0}
 
 
-def test_an_sm_holds_the_warps_its_registers_and_shared_memory_allow():
-  # 201 registers a thread: 6656 a warp, 9 warps of 65536, so one 8-warp program.
-  assert triton_kernels.resident_warps(201, 8, 98304) == 8
-  assert triton_kernels.resident_warps(82, 16, 8192) == 16  # 88 x 32 a warp: 23 warps
-  assert triton_kernels.resident_warps(48, 16, 2048) == 32
-  assert triton_kernels.resident_warps(32, 8, 1024) == 64  # at the SM's 64 warps
-  assert triton_kernels.resident_warps(32, 1, 0) == 32  # at its 32 programs
-  assert triton_kernels.resident_warps(32, 4, 110000) == 8  # two programs' shared memory
-
-
-def test_the_triton_table_puts_alike_kernels_on_one_line():
-  kernel = lambda name, registers: {'name': name, 'warps': 4, 'triton': '3.9.0',
-                                    'registers': registers, 'stack_bytes': 0,
-                                    'shared_bytes': 2048, 'warps_per_sm': 28}
-  rows = [{'side': 'ours', 'variant': '', 'triton_kernels': []},
-          {'side': 'ours', 'variant': 'a=1', 'triton_kernels': [
-              kernel('norm', 72), kernel('norm', 72), kernel('norm', 80),
-              {'name': 'loss', 'warps': 4, 'triton': '3.9.0', 'error': 'RuntimeError: parse'}]}]
-  lines = triton_kernels.table(rows)
-  assert 'Triton 3.9.0' in lines[1]
-  assert lines[-3:] == ['| ours | a=1 | norm | 4 | 72 | 0 | 2.0 | 28 | 2 |',
-                        '| ours | a=1 | norm | 4 | 80 | 0 | 2.0 | 28 | 1 |',
-                        '| ours | a=1 | loss | 4 | RuntimeError: parse | | | | 1 |']
-  assert triton_kernels.table(rows[:1]) == []
-  assert triton_kernels.table([{**rows[1], 'triton_kernels': 'not read: pip install triton'}]) == [
-      '', "Triton kernels' registers: not read: pip install triton."]
-  assert triton_kernels.resources([]) == []
-
-
-@needs_cuda_plugin
-@pytest.mark.skipif(importlib.util.find_spec('triton') is None,
-                    reason="Triton's compiler is not installed (pip install triton)")
-def test_the_pallas_kernels_spill_no_registers_on_an_h100(tmp_path):
-  # At base size, rows of 128: what Triton gives each kernel when it compiles them for an H100.
-  subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=base', '--shape=16x128',
-                  '--packed', '--variant=max_length=128 model.norm_implementation=pallas '
-                  'loss_reduction=pallas model.attention_implementation=pallas', '--flax_dir=',
-                  f'--output={tmp_path}'], check=True, cwd=ROOT)
-  [row] = json.loads((tmp_path / 'gpu_plan.json').read_text())['rows']
-  kernels = row['triton_kernels']
-  assert {kernel['name'] for kernel in kernels} == {
-      '_attention_forward_kernel', '_attention_backward_kernel', '_post_norm_forward_kernel',
-      '_post_norm_backward_kernel', '_loss_kernel'}
-  for kernel in kernels:
-    assert kernel['registers'] > 0 and kernel['stack_bytes'] == 0, kernel
-  # The layer norm's kernels, bound by memory, leave an SM 16 warps or more to hide its latency.
-  assert min(kernel['warps_per_sm'] for kernel in kernels if 'post_norm' in kernel['name']) >= 16
-  assert '| _post_norm_backward_kernel | 16 |' in (tmp_path / 'gpu_plan.md').read_text()
-
-
-# XLA's dump of a program's thunks: two CUDA graphs (their kernels nested), a loop and a matmul
-# launched one by one between them.
 THUNK_SEQUENCE = """000: kCommandBuffer      [source       | next=003 (1) ]
     001: kCopy         [source        | sink         ] kCopy
     002: kCustomKernel [prev=001 (1)  | sink         ] loop_add_fusion
@@ -452,30 +388,14 @@ def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
     assert json.load(f)['seed_1']['commit'] == '1111111'
 
 
-def test_step_cost_variants_are_the_recipe_with_train_py_overrides():
-  recipe, wide = step_cost.load_config(''), step_cost.load_config(
-      'model.d_model=384 model.num_heads=6 packing=False lr_scale=2')
-  assert (recipe.model.d_model, recipe.model.num_heads, recipe.packing, recipe.lr_scale) == (
-      256, 4, True, 1.0)
-  assert (wide.model.d_model, wide.model.num_heads, wide.packing, wide.lr_scale) == (
-      384, 6, False, 2.0)
-  assert wide.model.d_ff == recipe.model.d_ff and wide.vocab_size == recipe.vocab_size
-  with pytest.raises(SystemExit, match="'model.d_modl=3': --config.model.d_modl=3: no key "
-                                       "'d_modl' in the config. Did you mean"):
-    step_cost.load_config('model.d_modl=3')
-  with pytest.raises(SystemExit, match=r"--config.model.d_model=x: invalid literal for int"):
-    step_cost.load_config('model.d_model=x')
-
-
 def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
-  modules = workload.import_ours('')
   batch = workload.random_batch(np.random.default_rng(0), 4, 8, 320)
   sharded = jax.tree_util.tree_map(lambda x: np.stack([x] * jax.local_device_count()), batch)
 
   def ours(xla_flags):
     config = tiny.get_config()
     config.xla_flags = xla_flags
-    return workload.Ours(modules, config)
+    return workload.Ours(config)
 
   # XLA's booleans take Python's, its integers strings; XLA rejects a value it cannot read only
   # when the option reaches the compilation.
@@ -562,36 +482,11 @@ def test_the_sustained_rate_is_timed_after_the_warm_up_in_batches_waited_for_onc
                         clock=lambda: now[0]) == pytest.approx(32 / 0.0641)
 
 
-def test_round_robin_rotates_the_order_and_costs_are_ratios_within_rounds():
+def test_round_robin_rotates_the_order_every_round():
   order = []
   times = round_robin({name: lambda name=name: order.append(name) for name in 'abc'}, 4)
   assert ''.join(order) == 'abc' 'bca' 'cab' 'abc'
   assert all(len(secs) == 4 for secs in times.values())
-
-  costs = step_cost.costs({step_cost.RECIPE: [1.0, 2.0, 4.0], 'wide': [3.0, 2.0, 4.0]})
-  assert costs[step_cost.RECIPE] == {'step_secs': 2.0, 'ratio': 1.0, 'ratio_range': [1.0, 1.0]}
-  # Per round 3/1, 2/2, 4/4: the median ratio is 1, not the ratio of the medians (3/2).
-  assert costs['wide'] == {'step_secs': 3.0, 'ratio': 1.0, 'ratio_range': [1.0, 3.0]}
-
-
-def test_attention_speed_times_each_implementation_beside_the_first(tmp_path):
-  subprocess.run([sys.executable, '-m', 'benchmarks.attention_speed', '--shape=2x32', '--warps=8',
-                  '--backward_rows=0,16', '--repeats=2', f'--output={tmp_path}'],
-                 check=True, cwd=ROOT)
-  results = json.loads((tmp_path / 'attention_speed.json').read_text())
-  first, *pallas = results['implementations'].values()
-  assert list(results['implementations']) == [  # a CPU: no cuDNN
-      'xla', 'pallas, 8 warps', 'pallas, 8 warps, backward by 16 queries']
-  assert first['ratio'] == 1.0 and first['ratio_range'] == [1.0, 1.0] and not results['failed']
-  for row in pallas:
-    assert row['ratio'] > 0 and row['secs'] > 0
-    assert row['gradient_difference'] < 0.02  # bfloat16's roundings, not another attention
-  # Packed pairs of 5-30 tokens in rows of 32: some [query, key] pairs attended, never all.
-  assert 0 < results['attended_share'] < 1
-  assert '| pallas, 8 warps |' in (tmp_path / 'attention_speed.md').read_text()
-  # An implementation that failed is a row of its own, with its error.
-  results['failed'] = {'pallas, 4 warps': 'ValueError: no'}
-  assert '| pallas, 4 warps | failed: ValueError: no |' in attention_speed.markdown(results, 'xla')
 
 
 def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
@@ -648,37 +543,3 @@ def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint
   assert parts['imports'] > 0.2 and all(secs >= 0 for secs in parts.values())
   table = (tmp_path / 'start_up.md').read_text()
   assert '| tiny |' in table and ' + '.join(map(str, parts.values())) in table
-
-
-def test_a_save_costs_the_loop_the_time_it_holds_the_interpreter():
-  held = 0.05
-
-  class Holding:  # saves in the loop's thread, holding it for `held` seconds
-    def __init__(self, directory, keep):
-      del directory, keep
-
-    def save(self, step, state, meta):
-      began = time.perf_counter()
-      while time.perf_counter() - began < held:
-        pass
-
-    wait = close = lambda self: None
-
-  # 10 steps (30 ms) between saves: short stretches, which a busy machine seldom interrupts.
-  secs = checkpoint_cost.loop_secs_per_save(types.SimpleNamespace(Checkpoints=Holding), {}, 4,
-                                            steps_per_save=10)
-  assert held * 0.8 < secs < held * 1.6
-
-
-def test_checkpoint_cost_times_this_checkout_beside_a_commits_checkpoints(tmp_path):
-  subprocess.run([sys.executable, '-m', 'benchmarks.checkpoint_cost', '--config=configs/tiny.py',
-                  '--baseline=HEAD', '--rounds=1', '--saves=1', f'--output={tmp_path}',
-                  '--label=tiny'], cwd=ROOT, check=True, capture_output=True)
-  with open(tmp_path / 'checkpoint_cost.json') as f:
-    row = json.load(f)['tiny']
-  state = train_step.initial_state(tiny.get_config(), config_lib.model_config(tiny.get_config()))
-  assert row['arrays'] == len(jax.tree_util.tree_leaves((state.params, state.opt_state)))
-  assert list(row['sides']) == ['this checkout', 'HEAD']
-  for side in row['sides'].values():
-    assert side['secs_per_save'] > 0 and len(side['loop_secs_per_save_rounds']) == 1
-  assert (tmp_path / 'checkpoint_cost.md').read_text().count('| tiny |') == 2
