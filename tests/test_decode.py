@@ -188,23 +188,6 @@ def test_a_longer_hypothesis_found_after_beam_finished_ones_wins(beam_size):
   assert float(scores[0]) == pytest.approx(score(best), abs=1e-5)
 
 
-@pytest.mark.parametrize('rows,n,k,block', [(3, 5000, 8, 128), (4, 4 * 16000, 8, 128),
-                                            (2, 37, 3, 4), (5, 300, 2, 16)])
-def test_top_k_by_blocks_is_lax_top_k_ties_included(rows, n, k, block):
-  rng = np.random.default_rng(n)
-  few_values = rng.integers(0, 7, (rows, n)).astype(np.float32)  # ties everywhere
-  spread = rng.normal(size=(rows, n)).astype(np.float32)
-  spread[0, ::3] = decode.NEG_INF  # as empty beams give
-  # A few larger values in the last blocks rank those first; the rest of the k tie at 6.
-  ranked_late = few_values.copy()
-  ranked_late[:, -k // 2:] = 100 + np.arange(k // 2)
-  for x in (few_values, ranked_late, spread, -np.abs(spread)):
-    values, indices = jax.jit(decode.top_k, static_argnums=(1, 2))(x, k, block)
-    want_values, want_indices = jax.lax.top_k(x, k)
-    np.testing.assert_array_equal(values, want_values)
-    np.testing.assert_array_equal(indices, want_indices)
-
-
 @pytest.mark.parametrize('beam,vocab,k', [(4, 16000, 8), (3, 37, 6), (64, 4, 128)])
 def test_best_continuations_are_top_k_over_every_normalized_candidate(beam, vocab, k):
   batch, rng = 5, np.random.default_rng(vocab)

@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from transformer import kernels
 from transformer.model import Transformer, TransformerConfig, resize_cache
 
 PAD_ID, EOS_ID = 0, 1
@@ -73,29 +74,6 @@ def _gather_beams(x, beams):
   return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def top_k(x, k: int, block: int = 128):
-  """`jax.lax.top_k` over the last axis of x [rows, n]: the same values and indices, ties going
-  to the lower index.
-
-  One pass takes the maximum of each block of `block` elements; the k largest lie in the k blocks
-  of largest maximum (each block ranked before an element's own holds an element ranked before
-  it), whose elements then go through `lax.top_k`. A max over blocks vectorises, where lax.top_k
-  over a whole vocabulary of beam candidates is a slow pass on CPUs.
-  """
-  rows, n = x.shape
-  blocks = -(-n // block)
-  if blocks <= 2 * k:
-    return jax.lax.top_k(x, k)
-  grouped = jnp.pad(x, ((0, 0), (0, blocks * block - n)), constant_values=-jnp.inf).reshape(
-      rows, blocks, block)
-  _, top_blocks = jax.lax.top_k(grouped.max(axis=-1), k)
-  top_blocks = jnp.sort(top_blocks, axis=-1)  # candidates in index order: ties as lax.top_k
-  candidates = jnp.take_along_axis(grouped, top_blocks[:, :, None], axis=1).reshape(rows, -1)
-  values, positions = jax.lax.top_k(candidates, k)
-  block_of = jnp.take_along_axis(top_blocks, positions // block, axis=1)
-  return values, block_of * block + positions % block
-
-
 def _allowed(ids, at_limit):
   """Never the pad id; at the length limit only EOS."""
   return (ids != PAD_ID) & ~(at_limit & (ids != EOS_ID))
@@ -129,7 +107,7 @@ def best_continuations(logits, live_log_probs, at_limit, k: int):
   log_sum = jnp.log(jnp.exp(logits - row_max).sum(-1, keepdims=True))
   ranked = jnp.where(_allowed(jnp.arange(vocab), at_limit), logits, -jnp.inf)
   row_k = min(k, vocab)
-  values, tokens = top_k(ranked.reshape(batch * beam, vocab), row_k)
+  values, tokens = kernels.top_k(ranked.reshape(batch * beam, vocab), row_k)  # lax.top_k's
   values, tokens = values.reshape(batch, beam, row_k), tokens.reshape(batch, beam, row_k)
   log_probs = jnp.where(_allowed(tokens, at_limit), (values - row_max) - log_sum, NEG_INF)
   best, position = jax.lax.top_k((live_log_probs[:, :, None] + log_probs).reshape(batch, -1), k)

@@ -1,5 +1,6 @@
 """The model with each faster implementation (transformer/kernels) computes what it computes with
-the plain forms: the fused attention, the projections as matrices, the ReLU, the dropout."""
+the plain forms: the fused attention, the projections as matrices, the ReLU, the dropout, the
+blocked top-k."""
 
 import flax.linen as nn
 import jax
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import kernels
+from transformer import decode, kernels
 from transformer.kernels import hash_rng
 from transformer.kernels.choice import Machine
 from transformer.model import Dropout, Transformer, TransformerConfig
@@ -121,3 +122,20 @@ def test_dropout_and_its_gradient_are_flaxs_with_the_mask_drawn_again(dtype, imp
   for module, kept in ((nn.Dropout, True), (Dropout, impl != hash_rng.IMPL)):
     jax.ad_checkpoint.print_saved_residuals(loss(module(0.3)), x)
     assert ('bool[64,32]' in capsys.readouterr().out) == kept
+
+
+@pytest.mark.parametrize('rows,n,k,block', [(3, 5000, 8, 128), (4, 4 * 16000, 8, 128),
+                                            (2, 37, 3, 4), (5, 300, 2, 16)])
+def test_top_k_by_blocks_is_lax_top_k_ties_included(rows, n, k, block):
+  rng = np.random.default_rng(n)
+  few_values = rng.integers(0, 7, (rows, n)).astype(np.float32)  # ties everywhere
+  spread = rng.normal(size=(rows, n)).astype(np.float32)
+  spread[0, ::3] = decode.NEG_INF  # as empty beams give
+  # A few larger values in the last blocks rank those first; the rest of the k tie at 6.
+  ranked_late = few_values.copy()
+  ranked_late[:, -k // 2:] = 100 + np.arange(k // 2)
+  for x in (few_values, ranked_late, spread, -np.abs(spread)):
+    values, indices = jax.jit(kernels.top_k, static_argnums=(1, 2))(x, k, block)
+    want_values, want_indices = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(values, want_values)
+    np.testing.assert_array_equal(indices, want_indices)
