@@ -1,7 +1,7 @@
 """Faster implementations of the model's ops: the same results, fewer passes over memory.
 
 `transformer/model.py` calls each at one site, beside the plain form it replaces; README.md in
-this folder says what each buys and how to switch it off. The per-backend choice is `choice.py`.
+this folder says what each buys and how to switch it off. The per-machine choice is `choice.py`.
 """
 
 import flax.linen as nn
@@ -48,7 +48,7 @@ class ProjectionKernel(nn.Module):
     return self.param('kernel', init, shape, cfg.param_dtype)
 
 
-def heads(config, x: Array, *kernels: Array) -> Array:
+def _project(config, x: Array, *kernels: Array) -> Array:
   """x [..., d_model] times each [d_model, heads, depth] kernel, in one product: [...,
   len(kernels), heads, depth] in config.dtype, as DenseGeneral promotes and multiplies."""
   x, kernel = nn.dtypes.promote_dtype(x, jnp.stack(kernels, axis=1), dtype=config.dtype)
@@ -83,15 +83,15 @@ def attention(config, x: Array, memory: Array | None, kernels: dict, mask: Array
   if (config.attention_implementation == 'pallas' and
       max(x.shape[1], keys_from.shape[1]) <= pallas_attention.MAX_LENGTH):
     if memory is None:
-      stacked = heads(config, x, kernels['query'], kernels['key'], kernels['value'])
+      stacked = _project(config, x, kernels['query'], kernels['key'], kernels['value'])
       inputs = [pallas_attention.Stacked(stacked, i) for i in range(3)]
     else:
-      stacked = heads(config, memory, kernels['key'], kernels['value'])
-      inputs = [heads(config, x, kernels['query'])[:, :, 0],
+      stacked = _project(config, memory, kernels['key'], kernels['value'])
+      inputs = [_project(config, x, kernels['query'])[:, :, 0],
                 *(pallas_attention.Stacked(stacked, i) for i in range(2))]
     return pallas_attention.attention(*inputs, mask)
-  query = heads(config, x, kernels['query'])[:, :, 0]
-  key, value = (heads(config, keys_from, kernels[name])[:, :, 0] for name in ('key', 'value'))
+  query = _project(config, x, kernels['query'])[:, :, 0]
+  key, value = (_project(config, keys_from, kernels[name])[:, :, 0] for name in ('key', 'value'))
   if config.attention_implementation == 'cudnn' and _even(query, key):
     return jax.nn.dot_product_attention(query, key, value, mask=mask.astype(bool),
                                         implementation='cudnn')
