@@ -27,7 +27,7 @@ from configs import tiny
 from transformer import config as config_lib
 from transformer import data, metrics, train_step, trainer
 from transformer.kernels import choice, compile_ahead, packing
-from transformer.checkpoints import CheckpointError, Checkpoints
+from transformer.checkpoints import CheckpointError, Checkpoints, load_params
 from transformer.files import DirectoryError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,6 +217,35 @@ def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   rows = read_metrics(workdir)
   # The first run logged its last step, 50, too.
   assert [r['step'] for r in rows if 'split' not in r] == [20, 40, 50, 60, 80, 100]
+
+
+def test_a_run_preempted_off_its_schedule_averages_what_an_uninterrupted_one_does(full_run,
+                                                                                   tmp_path,
+                                                                                   monkeypatch):
+  # A SIGTERM at step 75, between the scheduled checkpoints of 50 and 100 (tiny keeps and
+  # averages 2): the run saves 75 to resume from, and that checkpoint leaves no scheduled one out.
+  workdir = str(tmp_path)
+  config = tiny.get_config()
+
+  class PreemptedAt75(trainer._OptimizerStep):
+    calls = 0
+
+    def __call__(self, *args):
+      PreemptedAt75.calls += 1
+      if PreemptedAt75.calls == 75:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return super().__call__(*args)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(trainer, '_OptimizerStep', PreemptedAt75)
+    assert 'SIGTERM: saved a checkpoint at step 75' in train_in_process(workdir)
+  assert Checkpoints(workdir).all_steps() == [50, 75]
+  assert 'resumed from step 75' in train_in_process(workdir)
+  assert Checkpoints(workdir).all_steps() == [50, 100]  # 75 gave way to the schedule's 100
+  (resumed, resumed_steps), (uninterrupted, steps) = (
+      load_params(path, config) for path in (workdir, full_run))
+  assert resumed_steps == steps == [50, 100]
+  assert max_difference(resumed, uninterrupted) == 0.0
 
 
 def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_path):

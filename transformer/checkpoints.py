@@ -59,23 +59,33 @@ def layout(tree) -> list[list]:
   return _LAYOUTS[key]
 
 
+def on_schedule(config):
+  """Whether a checkpoint's step is one the config's schedule saves at (every
+  checkpoint_every_steps, and the last), as against one a preemption or the clock added: the
+  checkpoints a run keeps and averages are the scheduled ones, so that a preempted run is scored
+  with the parameters an uninterrupted one is. Without a step schedule every step counts."""
+  every, last = config.checkpoint_every_steps, config.num_train_steps
+  return lambda step: every == 0 or step % every == 0 or step == last
+
+
 class Checkpoints:
   """A run's Orbax checkpoints in `<workdir>/checkpoints/<step>/`: each holds a state tree and a
-  JSON dict (step, data position, ...). Saves in the background, keeps the `keep` newest, restores
-  any kept step.
+  JSON dict (step, data position, ...). Saves in the background, keeps the `keep` newest scheduled
+  checkpoints and the newest of all (to resume from), restores any kept step.
 
   Args:
     workdir: the run's directory, local or gs://.
-    keep: how many of the newest checkpoints to keep; None keeps all.
+    keep: how many of the newest scheduled checkpoints to keep; None keeps all.
+    scheduled: whether a step is on the run's schedule (`on_schedule`); None: every step.
   """
 
-  def __init__(self, workdir: str, keep: int | None = None):
+  def __init__(self, workdir: str, keep: int | None = None, scheduled=None):
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
     self.directory = os.path.join(files.absolute(workdir), CHECKPOINTS_DIR)
+    self.keep, self.scheduled = keep, scheduled or (lambda step: True)
     self.manager = ocp.CheckpointManager(
         self.directory, item_names=(STATE, META, LAYOUT),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             enable_async_checkpointing=True))
+        options=ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True))
     # Orbax's asynchronous save still blocks its caller while it copies the state and makes the
     # checkpoint's directories, so saves start on a thread of their own. Several
     # processes save from the main thread, where Orbax's barriers keep them in step.
@@ -107,9 +117,12 @@ class Checkpoints:
       state_tree: a host copy of the state (`local_copy`).
       meta: JSON-serialisable facts beside it (step, data position, ...).
     """
-    save = lambda: self.manager.save(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardSave(pack(state_tree)), META: ocp.args.JsonSave(meta),
-        LAYOUT: ocp.args.JsonSave({'arrays': layout(state_tree)})}), force=True)
+    def save():
+      self._prune()  # once the saves before this one are written
+      self.manager.save(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardSave(pack(state_tree)), META: ocp.args.JsonSave(meta),
+          LAYOUT: ocp.args.JsonSave({'arrays': layout(state_tree)})}), force=True)
+
     if self._saver is None:
       save()
       return
@@ -184,13 +197,30 @@ class Checkpoints:
     Returns:
       (the mean parameters, the steps averaged).
     """
-    chosen = self.all_steps()[-count:]
+    chosen = self.averaged_steps(count)
     return average([self.restore(step, like)[0]['params'] for step in chosen]), chosen
 
-  def wait(self):
-    """Returns once every started save is written."""
-    self._saved()
+  def averaged_steps(self, count: int) -> list[int]:
+    """The newest `count` scheduled checkpoints' steps (all of them, if fewer are kept); the
+    newest of any kind where none is scheduled (a run preempted before its first)."""
+    steps = self.all_steps()
+    return [step for step in steps if self.scheduled(step)][-count:] or steps[-1:]
+
+  def _prune(self):
+    """Deletes the written checkpoints beyond the `keep` newest scheduled ones, but the newest."""
     self.manager.wait_until_finished()
+    if self.keep is None:
+      return
+    steps = list(self.manager.all_steps())
+    kept = set([step for step in steps if self.scheduled(step)][-self.keep:] + steps[-1:])
+    for step in steps:
+      if step not in kept:
+        self.manager.delete(step)
+
+  def wait(self):
+    """Returns once every started save is written (and what it leaves behind deleted)."""
+    self._saved()
+    self._prune()
 
   def close(self):
     """Waits for the saves and releases Orbax's resources."""
@@ -265,9 +295,9 @@ def load_params(workdir: str, config, average_last: int | None = None):
   Raises:
     CheckpointError: no checkpoint, too few, or a damaged one; the message says what to do.
   """
-  checkpoints = Checkpoints(workdir)
+  checkpoints = Checkpoints(workdir, scheduled=on_schedule(config))
   try:
-    steps = checkpoints.all_steps()
+    steps = checkpoints.averaged_steps(len(checkpoints.all_steps()))
     if not steps:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
     if average_last is None:

@@ -22,7 +22,8 @@ from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
 from transformer import bleu, data, metrics, model, train_step, translate
-from transformer.checkpoints import CHECKPOINTS_DIR, Checkpoints, local_copy, state_shapes
+from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, on_schedule,
+                                    state_shapes)
 from transformer.data import vocabulary
 from transformer.kernels import choice, compile_ahead, packing
 from transformer.files import make_directory, write_atomically
@@ -377,7 +378,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     # prepared it and the vocabulary.
     corpus = data.load_split(config, 'train') if jax.process_index() == 0 else None
     vocab = data.load_or_train_vocabulary(config, workdir, corpus=corpus)
-    checkpoints = Checkpoints(workdir, config.keep_checkpoints)
+    checkpoints = Checkpoints(workdir, config.keep_checkpoints, on_schedule(config))
     restored, start_step, data_position = _restore(checkpoints, config)
     batches = data.train_batches(config, vocab, start_position=data_position, corpus=corpus,
                                  **shard)
