@@ -1,8 +1,11 @@
 """pyproject.toml: the jax pins admit the releases users run, the accelerator extras resolve
 jax's plugins within the same pin, and the README names the Pythons it admits."""
 
+import ast
+import importlib.metadata
 import pathlib
 import re
+import sys
 import tomllib
 
 import jax
@@ -57,3 +60,21 @@ def test_every_package_of_the_library_is_installed():
   found = {'.'.join(path.parent.relative_to(ROOT).parts)
            for path in (ROOT / 'transformer').rglob('__init__.py')}
   assert named == found
+
+
+def test_every_package_the_library_imports_is_declared():
+  """A package that arrives only through another's dependencies can leave with it."""
+  declared = {Requirement(line).name.lower().replace('_', '-') for line in PROJECT['dependencies']}
+  distributions = importlib.metadata.packages_distributions()
+  imported = set()
+  for path in (ROOT / 'transformer').rglob('*.py'):
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+      if isinstance(node, ast.Import):
+        imported.update(alias.name.split('.')[0] for alias in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        imported.add(node.module.split('.')[0])
+  third_party = {name for name in imported - set(sys.stdlib_module_names) - {'transformer'}}
+  undeclared = {name: distributions.get(name) for name in third_party
+                if not {d.lower().replace('_', '-') for d in distributions.get(name, [])} &
+                declared}
+  assert not undeclared, f'imported but not in pyproject.toml: {undeclared}'
