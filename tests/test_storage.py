@@ -16,7 +16,7 @@ import pytest
 from etils import epath
 
 from configs import multi30k as multi30k_config
-from transformer import data
+from transformer import data, files
 from transformer.data import multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,6 +97,20 @@ def write_texts(directory: str) -> list[str]:
 
 def rows(path: str) -> list[dict]:
   return [json.loads(line) for line in epath.Path(path).read_text().splitlines()]
+
+
+def test_a_write_that_fails_in_a_bucket_publishes_nothing(emulator_env):
+  path = epath.Path(f'{BUCKET}/atomic/scores.json')
+  files.write_atomically(str(path), b'old content')
+  with pytest.raises(RuntimeError, match='mid-write'):
+    with files.open_atomically(str(path)) as f:
+      f.write(b'x' * 3000)
+      raise RuntimeError('mid-write')
+  assert path.read_bytes() == b'old content'
+  assert [p.name for p in path.parent.iterdir()] == ['scores.json']  # no temporary object left
+  files.write_atomically(str(path), 'new content')
+  assert path.read_text() == 'new content'
+  assert [p.name for p in path.parent.iterdir()] == ['scores.json']
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ reader never sees half of one."""
 import contextlib
 import hashlib
 import os
+import uuid
 
 from etils import epath
 
@@ -48,22 +49,21 @@ def open_atomically(path: str, mode: str = 'wb'):
   the block ends without an error, so that a reader sees the old file or the new one, never a
   part.
 
-  Locally: a temporary file beside `path`, renamed over it (removed if the block fails). In a
-  bucket an object appears only once its upload is complete, so it is written in place (a rename
-  there is a copy).
+  A temporary file beside `path`, moved over it (removed if the block fails). In a bucket too: a
+  file that closes uploads what it was given even when the block failed, so the upload goes to a
+  temporary object, which a copy on the server then publishes whole.
   """
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  target = path if is_remote(path) else path.with_name(f'{path.name}.tmp{os.getpid()}')
+  # Unique across hosts and containers, whose process ids can repeat.
+  target = path.with_name(f'{path.name}.tmp-{uuid.uuid4().hex[:12]}')
   try:
     with target.open(mode, **({} if 'b' in mode else {'encoding': 'utf-8'})) as f:
       yield f
+    target.replace(path)
   except BaseException:
-    if target != path:
-      target.unlink(missing_ok=True)
+    target.unlink(missing_ok=True)
     raise
-  if target != path:
-    os.replace(target, path)
 
 
 def sha256(path: str) -> str:
