@@ -8,6 +8,8 @@ import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -20,6 +22,8 @@ from transformer import config as config_lib
 from transformer import data
 from transformer.data import batching, sources, synthetic, token_store, vocabulary
 from transformer.data import multi30k as multi30k_files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def text_config(tmp_path, **overrides):
@@ -663,3 +667,49 @@ def test_config_checks_the_data_keys(key, value, message):
   config[key] = value
   with pytest.raises(config_lib.ConfigError, match=message):
     config_lib.validate(config)
+
+
+
+TOKENIZE = """
+import hashlib, json, sys
+import ml_collections
+from transformer import data
+from transformer.data import sources, token_store
+config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+vocab = data.load_or_train_vocabulary(config, sys.argv[2])
+tokenized = token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab)
+ids = tokenized.sources.flat.tobytes() + tokenized.targets.flat.tobytes()
+print(hashlib.sha256(ids).hexdigest())
+"""
+
+
+def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path):
+  """Two hosts that find no store tokenize at once: both get the same ids and one complete store;
+  a file already written is never replaced (another host may have it mapped into memory)."""
+  config = text_config(tmp_path, tfds_data_dir=str(tmp_path / 'tfds'))
+  workdir = str(tmp_path / 'workdir')
+  vocab = data.load_or_train_vocabulary(config, workdir)
+  hosts = [subprocess.Popen([sys.executable, '-c', TOKENIZE, config.to_json(), workdir],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
+  digests = []
+  for host in hosts:
+    out, err = host.communicate(timeout=300)
+    assert host.returncode == 0, err[-3000:]
+    digests.append(out.split()[-1])
+  assert digests[0] == digests[1]
+  directory = pathlib.Path(token_store.store_dir(config, sources.load_split(config, 'train'),
+                                                 vocab))
+  files = sorted(path.name for path in directory.iterdir())
+  assert files == ['info.json'] + sorted(f'{side}_{name}.npy' for side in token_store.SIDES
+                                         for name in ('lengths', 'tokens'))
+  # A host that started before the store was complete writes only what is missing.
+  identity = lambda path: (path.stat().st_ino, path.stat().st_mtime_ns)
+  arrays = {path: identity(path) for path in directory.glob('*.npy')}
+  missing = directory / f'{token_store.SIDES[0]}_tokens.npy'
+  (directory / 'info.json').unlink()
+  missing.unlink()
+  token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab)
+  assert missing.exists() and all(identity(path) == before for path, before in arrays.items()
+                                  if path != missing)
+  assert (directory / 'info.json').exists()

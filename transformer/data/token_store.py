@@ -111,8 +111,10 @@ def _load(path: str) -> np.ndarray:
 def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
   """`corpus`'s token ids: read from its store, or tokenized and stored there first.
 
-  Hosts that find no store each tokenize and write it; the files are written whole
-  (`open_atomically`) and alike, so a host never reads a part of one.
+  Hosts that find no store each tokenize and write it. Each file is written whole
+  (`open_atomically`), and only where it is missing: the store is keyed by its corpus and
+  vocabulary, so a file another host wrote holds the same bytes, and a file that a host has
+  mapped into memory is never replaced under it.
   """
   directory = store_dir(config, corpus, vocab)
   info = os.path.join(directory, 'info.json')
@@ -124,8 +126,12 @@ def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary) -> Token
   began = time.time()
   tokenized = tokenize(corpus, vocab)
   for side, ragged in zip(SIDES, (tokenized.sources, tokenized.targets)):
-    _save(os.path.join(directory, f'{side}_tokens.npy'), ragged.flat)
-    _save(os.path.join(directory, f'{side}_lengths.npy'), ragged.lengths)
+    for name, array in (('tokens', ragged.flat), ('lengths', ragged.lengths)):
+      path = os.path.join(directory, f'{side}_{name}.npy')
+      if not epath.Path(path).exists():
+        _save(path, array)
+  if epath.Path(info).exists():  # another host finished first
+    return tokenized
   size = sum(r.flat.nbytes + r.lengths.nbytes for r in (tokenized.sources, tokenized.targets))
   write_atomically(info, json.dumps({
       'corpus': corpus.name, 'corpus_digest': corpus.digest, 'pairs': len(tokenized),
