@@ -3,6 +3,7 @@ reader never sees half of one."""
 
 import contextlib
 import hashlib
+import io
 import os
 import uuid
 
@@ -49,21 +50,28 @@ def open_atomically(path: str, mode: str = 'wb'):
   the block ends without an error, so that a reader sees the old file or the new one, never a
   part.
 
-  A temporary file beside `path`, moved over it (removed if the block fails). In a bucket too: a
-  file that closes uploads what it was given even when the block failed, so the upload goes to a
-  temporary object, which a copy on the server then publishes whole.
+  Locally: a temporary file beside `path`, renamed over it (removed if the block fails). In a
+  bucket: the bytes kept in memory and uploaded in one request once the block succeeds, as a
+  file that closes uploads what it was given even when the block failed (a bucket's files here
+  are small: configs, metrics, vocabularies, translations).
   """
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
+  if is_remote(path):
+    buffer = io.BytesIO() if 'b' in mode else io.StringIO()
+    yield buffer
+    content = buffer.getvalue()
+    path.write_bytes(content if isinstance(content, bytes) else content.encode('utf-8'))
+    return
   # Unique across hosts and containers, whose process ids can repeat.
   target = path.with_name(f'{path.name}.tmp-{uuid.uuid4().hex[:12]}')
   try:
     with target.open(mode, **({} if 'b' in mode else {'encoding': 'utf-8'})) as f:
       yield f
-    target.replace(path)
   except BaseException:
     target.unlink(missing_ok=True)
     raise
+  os.replace(target, path)
 
 
 def sha256(path: str) -> str:
