@@ -303,11 +303,13 @@ def load_params(workdir: str, config, average_last: int | None = None):
     if average_last is None:
       average_last = min(config.average_last, len(steps))
       if average_last < config.average_last:
-        logging.warning('config.average_last=%d, but %s holds %d checkpoints: averaging those',
+        logging.warning('config.average_last=%d, but %s holds %d scheduled checkpoints: '
+                        'averaging those',
                         config.average_last, checkpoints.directory, len(steps))
     elif not 1 <= average_last <= len(steps):
       raise CheckpointError(f'average_last={average_last}, but {checkpoints.directory} holds '
-                            f'{len(steps)} checkpoints (steps {steps}); ask for 1 to {len(steps)}')
+                            f'{len(steps)} scheduled checkpoints (steps {steps}); ask for 1 to '
+                            f'{len(steps)}')
     return checkpoints.mean_params(average_last, state_shapes(config))
   finally:
     checkpoints.close()
