@@ -117,9 +117,9 @@ class StepFunctions:
     grad_norm = optax.tree.norm(grads) / tokens
     grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
     finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm)
-    updated = state.apply_gradients(grads=grads)
-    new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old), updated,
-                                       state)
+    # A branch, not a select between the updated and the old state: a select keeps both alive,
+    # and XLA copies the donated moments and computes Adam's update twice (docs/speed.md).
+    new_state = jax.lax.cond(finite, lambda: state.apply_gradients(grads=grads), lambda: state)
     metrics = dict(sums, grad_norm=grad_norm, learning_rate=self.schedule(state.step + 1),
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
