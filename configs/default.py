@@ -57,6 +57,9 @@ def get_config():
       attention_implementation='',
       dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs
       param_dtype='float32',
+      # The decoder output's dtype for the output projection, its sums float32 either way;
+      # '' = dtype's. flax's examples/wmt projects in float32.
+      output_projection_dtype='',
   ))
 
   # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).

@@ -263,6 +263,25 @@ def test_bfloat16_models_project_to_unrounded_float32_logits(tie_output_embeddin
   assert np.abs(logits - rounded).max() > 1e-4  # not bfloat16 logits
 
 
+def test_a_bfloat16_model_projects_float32_states_with_a_float32_table_when_told():
+  # output_projection_dtype='float32': the decoder's output cast to float32 and multiplied by the
+  # unrounded table, as flax's examples/wmt projects; by default the table rounded to bfloat16.
+  cfg = SMALL.replace(dtype=jnp.bfloat16, output_projection_dtype=jnp.float32)
+  sources, targets = random_tokens(0, (4, 12), cfg.vocab_size), random_tokens(1, (4, 10))
+  params = init(cfg, sources, targets)['params']
+  logits = Transformer(cfg).apply({'params': params}, sources, targets)
+  states = Transformer(cfg).apply({'params': params}, sources, targets, project=False)
+  assert states.dtype == jnp.float32
+  bfloat16_states = Transformer(cfg.replace(output_projection_dtype=None)).apply(
+      {'params': params}, sources, targets, project=False)
+  np.testing.assert_array_equal(states, bfloat16_states.astype(jnp.float32))
+  table = np.asarray(output_table(params), np.float64)
+  np.testing.assert_allclose(logits, np.asarray(states, np.float64) @ table.T, rtol=1e-5,
+                             atol=1e-6)
+  rounded_table = np.asarray(output_table(params).astype(jnp.bfloat16), np.float64)
+  assert np.abs(logits - np.asarray(states, np.float64) @ rounded_table.T).max() > 1e-4
+
+
 def test_bfloat16_models_sum_embedding_gradients_in_float32():
   # 4096 lookups of one token: their gradient rows summed in bfloat16 drift by several percent,
   # while each row is rounded to bfloat16 alone (2^-9) when the sum is in float32.

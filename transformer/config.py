@@ -104,6 +104,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_choice(config, 'model.layer_norm', ('post', 'pre'))
   _check_choice(config, 'model.dtype', tuple(DTYPES))
   _check_choice(config, 'model.param_dtype', tuple(DTYPES))
+  if 'output_projection_dtype' in config.model:  # not in a config.json from before it
+    _check_choice(config, 'model.output_projection_dtype', ('', *DTYPES))
   _check_choice(config, 'model.share_embeddings', (True, False))
   _check_choice(config, 'model.tie_output_embedding', (True, False))
 
@@ -197,6 +199,7 @@ def model_config(config: ml_collections.ConfigDict, implementations=None) -> Tra
   model.pop('attention_implementation', None)
   model['dtype'] = DTYPES[model['dtype']]
   model['param_dtype'] = DTYPES[model['param_dtype']]
+  model['output_projection_dtype'] = DTYPES.get(model.get('output_projection_dtype', ''))
   if implementations is not None:
     model.update(attention_implementation=implementations.attention,
                  attention_projection=implementations.attention_projection)

@@ -46,6 +46,7 @@ class TransformerConfig:
   attention_projection: str = 'heads'
   dtype: Any = jnp.float32  # computation
   param_dtype: Any = jnp.float32  # storage
+  output_projection_dtype: Any = None  # the decoder output's for the output projection; None: dtype
   deterministic: bool = True  # False: apply dropout (needs a 'dropout' rng)
   decode: bool = False  # one target position per call, with a cache
 
@@ -337,7 +338,7 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
                target_segment_ids=None) -> Array:
-    """The decoder's output before the output projection.
+    """The decoder's output before the output projection, in config.output_projection_dtype.
 
     Args:
       encoded: [batch, source_length, d_model] encoder output.
@@ -371,7 +372,7 @@ class Decoder(nn.Module):
     y = Embedder(cfg, self.token_embedding, name='embedder')(inputs, positions)
     for i in range(cfg.num_decoder_layers):
       y = DecoderLayer(cfg, name=f'layer_{i}')(y, encoded, self_mask, cross_mask, decode_index)
-    return _final_norm(cfg, y)
+    return _final_norm(cfg, y).astype(cfg.output_projection_dtype or cfg.dtype)
 
 
 class Transformer(nn.Module):
