@@ -3,6 +3,7 @@
 on random batches.
 """
 
+import collections
 import functools
 import importlib
 import importlib.util
@@ -16,6 +17,7 @@ import time
 import types
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +49,17 @@ def load_config(variant: str, size: str = 'multi30k'):
   except (config_lib.ConfigError, flags.Error) as error:
     raise SystemExit(f'--variant={variant!r}: {error}') from None
   return flag_values.config
+
+
+def like_flax(config):
+  """A copy of `config` shaped as flax examples/wmt's model: dropout also on the feed-forward
+  hidden layer, at the sub-layers' rate (flax's MlpBlock), pre-norm layers, each stack ending in a
+  LayerNorm, and the output projection in float32."""
+  config = config.copy_and_resolve_references()
+  config.model.relu_dropout_rate = config.model.dropout_rate
+  config.model.layer_norm = 'pre'
+  config.model.output_projection_dtype = 'float32'
+  return config
 
 
 def random_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: int) -> dict:
@@ -93,6 +106,19 @@ def compiler_options(config) -> dict:
   return options
 
 
+def with_options(pmapped, options: dict, compiled: dict, batch, *args, **kwargs):
+  """`pmapped`, or with XLA `options` the program it compiles for `args` with them (pmap takes
+  none), compiled once per `batch`'s shapes into `compiled`. Such a program's call costs the host
+  a little less than pmap's (0.28 against 0.33 ms for the Multi30k recipe's state on a 2-core CPU,
+  a one-off timing)."""
+  if not options:
+    return pmapped
+  shapes = tuple(sorted((name, x.shape) for name, x in batch.items()))
+  if shapes not in compiled:
+    compiled[shapes] = pmapped.lower(*args, **kwargs).compile(compiler_options=options)
+  return compiled[shapes]
+
+
 def run_steps(one_step, steps: int) -> float:
   """Calls `one_step` (a training step that returns its metrics) `steps` times and waits only for
   the last, as train.py waits only at log steps. Returns the seconds the first call took to
@@ -125,16 +151,9 @@ class Ours:
     self._compiled = {}  # batch shapes -> the compiled train step
 
   def _train_step(self, batch):
-    """The pmapped step, as train.py calls it; with XLA options, the program compiled with them
-    (pmap takes none), whose call costs a little less on the host (0.28 against 0.33 ms for the
-    Multi30k recipe's state on a 2-core CPU, a one-off timing)."""
-    if not self.compiler_options:
-      return self.p_train_step
-    shapes = tuple(sorted((name, x.shape) for name, x in batch.items()))
-    if shapes not in self._compiled:
-      self._compiled[shapes] = self.p_train_step.lower(self.state, batch).compile(
-          compiler_options=self.compiler_options)
-    return self._compiled[shapes]
+    """The pmapped step, as train.py calls it, or compiled with the config's XLA options."""
+    return with_options(self.p_train_step, self.compiler_options, self._compiled, batch,
+                        self.state, batch)
 
   def train(self, batch, steps: int = 1) -> float:
     """`steps` training steps on `batch` (`run_steps`)."""
@@ -150,6 +169,12 @@ class Ours:
     """The train step's optimized HLO for `batch`."""
     return self.p_train_step.lower(self.state, batch).compile(
         compiler_options=self.compiler_options).as_text()
+
+  def training_forward(self, batch):
+    """As `Flax.training_forward`."""
+    rngs = {'dropout': jax.random.key(0, impl=self.steps.rng_impl)}
+    return (self.steps.params_tree(jax_utils.unreplicate(self.state.params)),
+            lambda params: self.steps.train_model.apply({'params': params}, **batch, rngs=rngs))
 
   def beam_params(self):
     params = self.steps.params_tree(jax_utils.unreplicate(self.state.params))
@@ -223,9 +248,10 @@ def import_flax_wmt(directory: str):
 
 
 class Flax:
-  """flax examples/wmt at the same size, run as its train.py runs it."""
+  """flax examples/wmt at the same size, run as its train.py runs it: its train step compiled with
+  XLA's defaults, or with `compiler_options` (ours', for a like-for-like comparison)."""
 
-  def __init__(self, directory: str, ours: Ours):
+  def __init__(self, directory: str, ours: Ours, compiler_options: dict | None = None):
     self.models, self.decode, self.train_module = import_flax_wmt(directory)
     m = ours.model_config
     self.model_config = self.models.TransformerConfig(
@@ -248,13 +274,17 @@ class Flax:
     self.p_train_step = jax.pmap(self.train_step, axis_name='batch', donate_argnums=(0,))
     self.dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
     self.predict_config = self.model_config.replace(deterministic=True, decode=True)
+    self.compiler_options = compiler_options or {}
+    self._compiled = {}  # batch shapes -> the compiled train step
 
   def train(self, batch, steps: int = 1) -> float:
     """As `Ours.train`."""
+    inputs = self.inputs(batch)
+    step = with_options(self.p_train_step, self.compiler_options, self._compiled, batch,
+                        self.state, inputs, dropout_rng=self.dropout_rngs)
 
     def one_step():
-      self.state, metrics = self.p_train_step(self.state, self.inputs(batch),
-                                              dropout_rng=self.dropout_rngs)
+      self.state, metrics = step(self.state, inputs, dropout_rng=self.dropout_rngs)
       return metrics
 
     return run_steps(one_step, steps)
@@ -262,7 +292,16 @@ class Flax:
   def train_hlo(self, batch) -> str:
     """The train step's optimized HLO for `batch`."""
     return self.p_train_step.lower(self.state, self.inputs(batch),
-                                   dropout_rng=self.dropout_rngs).compile().as_text()
+                                   dropout_rng=self.dropout_rngs).compile(
+                                       compiler_options=self.compiler_options).as_text()
+
+  def training_forward(self, batch):
+    """(parameters, a function of them: the model's forward pass with dropout on one device's
+    `batch`, as its train step runs it)."""
+    model = self.models.Transformer(self.model_config)
+    inputs, rngs = self.inputs(batch), {'dropout': jax.random.key(0)}
+    return (jax_utils.unreplicate(self.state.params),
+            lambda params: model.apply({'params': params}, **inputs, rngs=rngs))
 
   # Our batch's keys -> flax's; a packed batch's segment ids and positions too.
   INPUT_NAMES = {'sources': 'inputs', 'targets': 'targets',
@@ -290,3 +329,57 @@ class Flax:
     # Flax counts the start symbol in max_decode_len: +1 gives as many steps as ours.
     return jax.block_until_ready(self._predict(params, sources,
                                                sources.shape[1] + EXTRA_LENGTH + 1))
+
+
+def _matmul_operand_dtypes(jaxpr, output_width: int) -> set:
+  """'lhs x rhs' dtypes of the dot_generals in `jaxpr` and the jaxprs inside it whose outputs
+  are `output_width` wide."""
+  found = set()
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general' and eqn.outvars[0].aval.shape[-1] == output_width:
+      found.add(' x '.join(str(v.aval.dtype) for v in eqn.invars))
+    for param in eqn.params.values():
+      for inner in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(inner, 'jaxpr', inner)  # a ClosedJaxpr's
+        if hasattr(inner, 'eqns'):
+          found |= _matmul_operand_dtypes(inner, output_width)
+  return found
+
+
+def described(side: Ours | Flax, batch) -> dict:
+  """What a like-for-like comparison holds equal, read from `side`'s forward pass with dropout on
+  one device's `batch`: its parameters' count and dtypes, the dtype its layers compute in, its
+  dropout sites (each dropout module applied, by the shape it drops from and its rate), its
+  attention weights' dropout rate, and the operand dtypes of its output projection (the matmuls
+  as wide as the vocabulary).
+
+  Not held equal: ours computes the attention's softmax in float32 (flax's in the layers' dtype),
+  as the fused attention kernels do, and drops out the embeddings in the layers' dtype (flax's in
+  float32)."""
+  params, forward = side.training_forward(batch)
+  sites = collections.Counter()
+
+  def record(next_fun, args, kwargs, context):
+    module = context.module
+    if isinstance(module, (nn.Dropout, model.Dropout)) and context.method_name == '__call__':
+      deterministic = kwargs.get('deterministic', getattr(module, 'deterministic', None))
+      if module.rate > 0 and not deterministic:
+        sites['x'.join(map(str, args[0].shape)) + f' at {module.rate:g}'] += 1
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    jaxpr = jax.make_jaxpr(forward)(params)
+  leaves = jax.tree_util.tree_leaves(params)
+  return {'parameters': sum(x.size for x in leaves),
+          'parameter dtypes': sorted({str(x.dtype) for x in leaves}),
+          'computation dtype': jnp.dtype(side.model_config.dtype).name,
+          'dropout sites': dict(sorted(sites.items())),
+          'attention dropout': side.model_config.attention_dropout_rate,
+          'output projection operand dtypes': sorted(_matmul_operand_dtypes(
+              jaxpr.jaxpr, side.model_config.vocab_size))}
+
+
+def differences(ours: Ours, theirs: Flax, batch) -> dict:
+  """{what differs: (ours, flax's)} of `described`; empty for a like-for-like pair."""
+  mine, flax_side = described(ours, batch), described(theirs, batch)
+  return {key: (mine[key], flax_side[key]) for key in mine if mine[key] != flax_side[key]}

@@ -411,6 +411,51 @@ def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
   assert loop_fusions(gpu_flags) > 10 and loop_fusions(unfused) == 0
 
 
+@pytest.fixture(scope='module')
+def flax_examples():
+  """flax examples/wmt of the installed flax, fetched from PyPI's sdist once per machine."""
+  return workload.fetch_flax_examples(workload.FLAX_DIR)
+
+
+def test_vs_flax_compares_like_for_like_and_names_what_differs_as_shipped(flax_examples):
+  config = tiny.get_config()
+  model = config.model
+  batch = workload.random_batch(np.random.default_rng(0), 2, 8, config.vocab_size)
+  like = workload.Ours(workload.like_flax(config))
+  assert workload.differences(like, workload.Flax(flax_examples, like), batch) == {}
+
+  shipped = workload.Ours(config)
+  unlike = workload.differences(shipped, workload.Flax(flax_examples, shipped), batch)
+  ours_count, flax_count = unlike.pop('parameters')
+  assert flax_count - ours_count == 2 * 2 * model.d_model  # flax's stacks end in a LayerNorm
+  ours_sites, flax_sites = unlike.pop('dropout sites')
+  # flax's MlpBlock also drops out its hidden layer, in every layer of both stacks.
+  layers = model.num_encoder_layers + model.num_decoder_layers
+  assert flax_sites == {**ours_sites, f'2x8x{model.d_ff} at 0.1': layers}
+  assert unlike == {}
+
+  # A bfloat16 model's output projection: flax's multiplies in float32, ours unless told so in
+  # bfloat16 (float32 sums).
+  half = workload.like_flax(config)
+  half.model.dtype = 'bfloat16'
+  ours = workload.Ours(half)
+  assert workload.differences(ours, workload.Flax(flax_examples, ours), batch) == {}
+  half.model.output_projection_dtype = ''
+  ours = workload.Ours(half)
+  assert workload.differences(ours, workload.Flax(flax_examples, ours), batch) == {
+      'output projection operand dtypes': (['bfloat16 x bfloat16'], ['float32 x float32'])}
+
+
+def test_flax_compiles_its_train_step_with_the_options_it_is_given(flax_examples):
+  batch = workload.random_batch(np.random.default_rng(0), 4, 8, 320)
+  sharded = jax.tree_util.tree_map(lambda x: np.stack([x] * jax.local_device_count()), batch)
+  ours = workload.Ours(tiny.get_config())
+  loop_fusions = lambda side: side.train_hlo(sharded).count('kind=kLoop, calls=%fused_computation')
+  unfused = workload.Flax(flax_examples, ours, {'xla_disable_hlo_passes': 'fusion'})
+  assert loop_fusions(workload.Flax(flax_examples, ours)) > 10 and loop_fusions(unfused) == 0
+  unfused.train(sharded, 2)  # and runs that program
+
+
 def test_a_packed_batch_reaches_flax_under_the_names_its_train_step_reads():
   batch = {name: np.full((2, 4), i, np.int32) for i, name in enumerate(
       ['sources', 'targets', 'source_segment_ids', 'source_positions', 'target_segment_ids',
