@@ -112,14 +112,16 @@ class StepFunctions:
 
     A non-finite loss or gradient leaves the state unchanged and reports `finite` = 0.
     """
-    grads, sums = jax.lax.psum((grads, sums), AXIS)
+    if jax.lax.axis_size(AXIS) > 1:  # over one device a copy, which XLA keeps on a CPU
+      grads, sums = jax.lax.psum((grads, sums), AXIS)
     tokens = jnp.maximum(sums['tokens'], 1.0)
     grad_norm = optax.tree.norm(grads) / tokens
-    grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
     finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm)
     # A branch, not a select between the updated and the old state: a select keeps both alive,
     # and XLA copies the donated moments and computes Adam's update twice (docs/speed.md).
-    new_state = jax.lax.cond(finite, lambda: state.apply_gradients(grads=grads), lambda: state)
+    normalised = lambda: jax.tree_util.tree_map(lambda g: g / tokens, grads)
+    new_state = jax.lax.cond(finite, lambda: state.apply_gradients(grads=normalised()),
+                             lambda: state)
     metrics = dict(sums, grad_norm=grad_norm, learning_rate=self.schedule(state.step + 1),
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
