@@ -9,8 +9,10 @@ Runs the checkout's `python train.py --config=...` in a new workdir, with --step
 and notes when each milestone comes, in seconds from the launch: its first log line (imports,
 flags, the backend), its first training row of metrics.jsonl (the data, the vocabulary, the
 compilation and config.log_every_steps steps), and its last checkpoint's directory (Orbax makes it
-when the checkpoint is complete). train.py is then stopped: what comes after (the closing BLEU,
-the exit) is not start-up. --run_to_exit lets it finish and notes its exit too. With --fresh_data
+when the checkpoint is complete). train.py is then stopped with a SIGTERM, as a preemption would,
+once its closing BLEU has begun translating: what comes after is not start-up, and the seconds
+from the signal to its exit (status 0 required) are noted, against the ~30 s that Cloud TPU
+leaves a preempted VM. --run_to_exit lets it finish and notes its exit instead. With --fresh_data
 the data and vocabulary go to a new TFDS directory, as on a new machine: Multi30k is prepared and
 the vocabulary trained within the run. --parts first splits what comes before the first log line
 (see `before_first_log_line`).
@@ -49,7 +51,8 @@ _PARTS = flags.DEFINE_bool('parts', False, 'Also time, in a fresh interpreter fi
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where start_up.json and start_up.md go.')
 
-MILESTONES = ('first_log_line', 'first_training_row', 'last_checkpoint', 'exit')
+MILESTONES = ('first_log_line', 'first_training_row', 'last_checkpoint', 'exit',
+              'sigterm_to_exit')
 PARTS = ('interpreter', 'imports', 'cluster_lookup', 'backend')  # before the first log line
 POLL_SECS = 0.02
 
@@ -94,6 +97,12 @@ def before_first_log_line(checkout: str) -> dict:
   return {name: round(parts[name], 2) for name in PARTS}
 
 
+def closing_bleu_began(log_path: str) -> bool:
+  """Whether train.py's log says its closing BLEU is translating."""
+  with open(log_path) as f:
+    return any('translating' in line for line in f)
+
+
 def first_training_row(metrics_path: str) -> bool:
   if not os.path.exists(metrics_path):
     return False
@@ -132,18 +141,21 @@ def measure(workdir: str, tfds_dir: str | None) -> dict:
         seen['first_training_row'] = now
       if 'last_checkpoint' not in seen and os.path.isdir(last):
         seen['last_checkpoint'] = now
-        if not _RUN_TO_EXIT.value:
-          process.terminate()  # a preemption: train.py stops its closing BLEU
-          try:
-            process.wait(timeout=30)
-          except subprocess.TimeoutExpired:  # still compiling
-            process.kill()
-            process.wait()
-          break
+      if ('last_checkpoint' in seen and not _RUN_TO_EXIT.value and
+          closing_bleu_began(log_path)):
+        process.terminate()  # a preemption: train.py stops its closing BLEU
+        signalled = time.perf_counter()
+        try:
+          process.wait(timeout=60)
+          seen['sigterm_to_exit'] = time.perf_counter() - signalled
+        except subprocess.TimeoutExpired:
+          process.kill()
+          process.wait()
+        break
       time.sleep(POLL_SECS)
     else:
       seen['exit'] = time.perf_counter() - began
-  if 'last_checkpoint' not in seen or ('exit' in seen and process.returncode):
+  if 'last_checkpoint' not in seen or process.returncode:
     with open(log_path) as f:
       tail = f.read()[-3000:]
     raise SystemExit(f'train.py failed (exit code {process.returncode}; last checkpoint {last} '

@@ -566,7 +566,7 @@ def test_the_wmt_scale_table_is_its_results_file():
   assert measured['stored']['bytes'] < 2.2 * sum(measured['stored']['tokens'])
 
 
-def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint(tmp_path):
+def test_start_up_notes_each_milestone_and_stops_train_py_in_its_closing_bleu(tmp_path):
   workdir = tmp_path / 'run'
   subprocess.run([sys.executable, '-m', 'benchmarks.start_up', '--config=configs/tiny.py',
                   '--steps=40', f'--workdir={workdir}', f'--output={tmp_path}', '--label=tiny',
@@ -575,12 +575,17 @@ def test_start_up_notes_each_milestone_and_stops_train_py_at_its_last_checkpoint
   with open(tmp_path / 'start_up.json') as f:
     row = json.load(f)['tiny']
   milestones = row['milestones']
-  assert list(milestones) == ['first_log_line', 'first_training_row', 'last_checkpoint']
+  assert list(milestones) == ['first_log_line', 'first_training_row', 'last_checkpoint',
+                              'sigterm_to_exit']
   assert 0 < milestones['first_log_line'] < milestones['first_training_row'] <= milestones[
       'last_checkpoint']
+  assert milestones['sigterm_to_exit'] < 5  # the closing BLEU ends at once
   assert row['overrides'] == ['num_train_steps=40'] and not row['fresh_data']
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['40']  # the last; then stopped
-  assert 'sacreBLEU' not in (workdir / 'train.log').read_text()  # stopped before a BLEU
+  log = (workdir / 'train.log').read_text()
+  assert ('SIGTERM: stopped in the closing BLEU: every checkpoint is saved, the last at step 40'
+          in log)
+  assert 'sacreBLEU' not in log  # stopped before a score
   # Before the first log line, in a fresh interpreter: importing train.py's modules (jax, flax,
   # TFDS, ...) takes a good part of a second at least.
   parts = row['parts']

@@ -146,7 +146,8 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   stored = json.loads(tiny.get_config().to_json())
   for key in config_lib.ADDED_KEYS:
     del stored[key]
-  del stored['model']['attention_implementation']  # added to the model's keys
+  for key in trainer.IMPLEMENTATION_KEYS:  # added to the model's keys
+    del stored['model'][key]
   (tmp_path / 'config.json').write_text(json.dumps(stored))
   # A run's: its vocabulary beside it binds the workdir to the config.
   (tmp_path / 'vocab').mkdir()
@@ -154,11 +155,13 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   config = config_lib.load_workdir_config(str(tmp_path))
   assert {key: config[key] for key in config_lib.ADDED_KEYS} == config_lib.ADDED_KEYS
   assert config_lib.model_config(config).attention_implementation == 'xla'
+  assert config_lib.model_config(config).output_projection_dtype is None
   tiny_config = tiny.get_config()
   trainer.check_and_write_config(tiny_config, str(tmp_path))  # resumes: no conflicting key
   assert config_lib.load_workdir_config(str(tmp_path)) == tiny_config
   # How the model computes may change on resuming; what it computes may not.
   tiny_config.model.attention_implementation = 'xla'
+  tiny_config.model.output_projection_dtype = 'bfloat16'
   trainer.check_and_write_config(tiny_config, str(tmp_path))
   tiny_config.model.d_ff *= 2
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=.* conflicts'):

@@ -311,6 +311,63 @@ def test_a_second_ctrl_c_ends_at_once_and_an_ignored_one_stays_ignored():
     signal.signal(signal.SIGINT, before)
 
 
+# train.py with one call of a phase made a library's long call (minutes in C, where Python runs
+# no signal handler) inside a file's atomic write: argv[1] the workdir, argv[2] the phase.
+_LONG_CALL = """
+import hashlib, os, runpy, sys
+from absl import logging
+from transformer import files, trainer
+from transformer.data import vocabulary
+
+def long_call(*args, **kwargs):
+  with files.open_atomically(os.path.join(sys.argv[1], 'half_written')) as f:
+    f.write(b'half')
+    logging.info('a long call begins')
+    hashlib.pbkdf2_hmac('sha256', b'', b'', 2**31 - 1)
+
+phase = sys.argv[2]
+if phase == 'preparing':  # the vocabulary's training
+  vocabulary.load_or_train_model = long_call
+elif phase == 'compiling':  # the first step, which compiles it
+  trainer._OptimizerStep.__call__ = long_call
+else:  # the closing BLEU
+  trainer._Evaluator.bleu = long_call
+sys.argv = ['train.py', '--config=configs/tiny.py', f'--workdir={sys.argv[1]}', *sys.argv[3:]]
+runpy.run_path('train.py', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('phase, said', [
+    ('preparing', 'stopped before training: nothing new to save, and the files prepared so far '
+     'are whole'),
+    ('compiling', 'stopped while compiling the train step: nothing new to save since the start'),
+    ('evaluating', 'stopped in the closing BLEU: every checkpoint is saved, the last at step 2;'),
+])
+def test_a_signal_while_there_is_nothing_to_save_ends_the_run_at_once(tmp_path, phase, said):
+  workdir = str(tmp_path / 'run')
+  process = subprocess.Popen(
+      [sys.executable, '-c', _LONG_CALL, workdir, phase, '--config.num_train_steps=2'], cwd=ROOT,
+      env=_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  seen = []
+  for line in process.stderr:
+    seen.append(line)
+    if 'a long call begins' in line:
+      break
+  process.send_signal(signal.SIGTERM)
+  signalled = time.time()
+  try:
+    stderr = ''.join(seen) + process.communicate(timeout=60)[1]
+  finally:
+    process.kill()  # one that did not end
+  assert process.returncode == 0, stderr[-3000:]
+  assert time.time() - signalled < 5, stderr[-3000:]
+  assert f'SIGTERM: {said}' in stderr
+  # The write under way left nothing: neither the file nor its temporary.
+  assert not [name for name in os.listdir(workdir) if name.startswith('half_written')]
+  if phase == 'evaluating':
+    assert Checkpoints(workdir).all_steps() == [2]
+
+
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path, signum):
   # A BLEU evaluation at step 30, one sentence per beam-search call: long enough to be cut.

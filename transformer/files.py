@@ -5,9 +5,24 @@ import contextlib
 import hashlib
 import io
 import os
+import threading
 import uuid
 
 from etils import epath
+
+
+# What `stop_writing` waits for or removes: local temporary files being written, and appends.
+_TEMPORARIES = set()
+_APPENDING = threading.Lock()
+
+
+def stop_writing():
+  """Readies the process to end at once (os._exit), with nothing half-written: waits for an
+  append under way (`append_line`) and blocks any other, and removes the temporary files of
+  writes under way (`open_atomically`), whose paths keep their old contents."""
+  _APPENDING.acquire()
+  for path in list(_TEMPORARIES):
+    path.unlink(missing_ok=True)
 
 
 def is_remote(path: str) -> bool:
@@ -65,13 +80,16 @@ def open_atomically(path: str, mode: str = 'wb'):
     return
   # Unique across hosts and containers, whose process ids can repeat.
   target = path.with_name(f'{path.name}.tmp-{uuid.uuid4().hex[:12]}')
+  _TEMPORARIES.add(target)
   try:
     with target.open(mode, **({} if 'b' in mode else {'encoding': 'utf-8'})) as f:
       yield f
+    os.replace(target, path)
   except BaseException:
     target.unlink(missing_ok=True)
     raise
-  os.replace(target, path)
+  finally:
+    _TEMPORARIES.discard(target)
 
 
 def sha256(path: str) -> str:
@@ -94,7 +112,7 @@ def append_line(path: str, line: str):
   """Adds `line` and a newline at the end of `path`. A bucket's objects cannot grow: there the
   file is written again whole, with the line added (`write_atomically`)."""
   if not is_remote(path):
-    with open(path, 'a', encoding='utf-8') as f:
+    with _APPENDING, open(path, 'a', encoding='utf-8') as f:
       f.write(line + '\n')
     return
   old = epath.Path(path).read_text(encoding='utf-8') if epath.Path(path).exists() else ''

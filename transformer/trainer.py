@@ -10,7 +10,10 @@ The only module besides checkpoints.py that touches the workdir:
 import concurrent.futures
 import itertools
 import json
+import os
 import signal
+import socket
+import threading
 import time
 
 import jax
@@ -26,14 +29,14 @@ from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, o
                                     state_shapes)
 from transformer.data import vocabulary
 from transformer.kernels import choice, compile_ahead, packing
-from transformer.files import make_directory, write_atomically
+from transformer.files import make_directory, stop_writing, write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
 RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang')
-# Model keys that choose how the model computes, not what: a resumed run may change them, and a
-# config.json from before they existed lacks them.
-IMPLEMENTATION_KEYS = ('attention_implementation',)
+# Model keys that choose how the model computes, not its parameters: a resumed run may change
+# them, and a config.json from before they existed lacks them.
+IMPLEMENTATION_KEYS = ('attention_implementation', 'output_projection_dtype')
 # Keys that set the order of the training batches: a resumed run may change them (say, after a
 # move to fewer devices) but then no longer sees the batches an uninterrupted run would.
 DATA_ORDER_KEYS = ('seed', 'packing', 'tokens_per_batch', 'grad_accum_steps', 'max_length',
@@ -83,16 +86,46 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
 
 class _Preemption:
   """Remembers a SIGTERM (preemption) or a first Ctrl-C (SIGINT) so the loop can checkpoint at the
-  current step and stop cleanly; a second Ctrl-C stops at once."""
+  current step and stop cleanly; a second Ctrl-C stops at once.
+
+  While there is nothing to save (`nothing_to_save` holds what is saved: preparing the data,
+  compiling the first step, the closing BLEU), the signal ends the process at once, even inside
+  a library's long call (a vocabulary's training, a compilation, a beam search), where Python
+  runs no handler until it returns: a thread woken by the signal itself (`signal.set_wakeup_fd`)
+  logs what is saved and exits with status 0, nothing half-written (`files.stop_writing`).
+  """
 
   def __init__(self):
     self.received = False
     self.signal_name = 'a signal to another host'  # what `received` comes from, once it is true
+    self.nothing_to_save = None  # while there is nothing to save, a line saying what is saved
     signums = [signal.SIGTERM]
     # A SIGINT that was ignored stays so, as for a job a script starts in the background.
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
       signums.append(signal.SIGINT)
     self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
+    self._wakeup, wakeup = socket.socketpair()
+    wakeup.setblocking(False)
+    self._previous_wakeup_fd = signal.set_wakeup_fd(wakeup.fileno())
+    self._sockets = (self._wakeup, wakeup)
+    threading.Thread(target=self._end_at_once, name='preemption', daemon=True).start()
+
+  def _end_at_once(self):
+    """Exits as soon as one of the signals arrives while there is nothing to save."""
+    while True:
+      try:
+        signums = self._wakeup.recv(64)
+      except OSError:  # closed by `restore`
+        return
+      if not signums:
+        return
+      received = [signum for signum in signums if signum in self._previous]
+      line = self.nothing_to_save
+      if received and line is not None:
+        stop_writing()
+        logging.info('%s: %s; stopping', signal.Signals(received[0]).name, line)
+        logging.flush()
+        os._exit(0)
 
   def _handle(self, signum, frame):
     del frame
@@ -104,6 +137,11 @@ class _Preemption:
   def restore(self):
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
+    self.nothing_to_save = None
+    signal.set_wakeup_fd(self._previous_wakeup_fd)
+    self._wakeup.shutdown(socket.SHUT_RDWR)  # ends the thread's wait
+    for end in self._sockets:
+      end.close()
 
 
 def _agree(*flags: bool) -> tuple[bool, ...]:
@@ -346,27 +384,24 @@ def _every_between(start: int, end: int, interval: int) -> bool:
   return interval > 0 and end // interval > start // interval
 
 
-def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator, stop):
+def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator,
+                preemption: _Preemption):
   """Both BLEUs on validation and test with the mean of the last config.average_last
   checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper); a
-  SIGTERM or Ctrl-C (`stop`) ends them, the checkpoints being written."""
+  SIGTERM or Ctrl-C ends them at once, the checkpoints being written."""
   checkpoints.wait()
+  preemption.nothing_to_save = (
+      f'stopped in the closing BLEU: every checkpoint is saved, the last at step '
+      f'{checkpoints.latest_step()}; eval.py --workdir=DIR scores the run')
   params, steps = checkpoints.mean_params(config.average_last, state_shapes(config))
   params = train_step.replicate(params)
   for split in ('validation', 'test'):
-    if not evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps,
-                          stop=stop):
-      return
+    evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str):
-  """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
-  config_lib.validate(config)
-  # The implementations are chosen first: a config this machine cannot run leaves the workdir as
-  # it was.
-  steps = train_step.StepFunctions(config, choice.for_this_machine(config))
-  make_directory(workdir, '--workdir')
-  check_and_write_config(config, workdir)
+def _prepare(config: ml_collections.ConfigDict, workdir: str) -> tuple:
+  """(the state, initial or restored, replicated; its step; the training batches from its data
+  position on; the vocabulary; the workdir's checkpoints; this host's share of the data)."""
   logging.info('process %d/%d, %d local devices, %d devices in all', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
   shard = dict(process_index=jax.process_index(), process_count=jax.process_count(),
@@ -386,9 +421,28 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     state = initial_state.result()
   if restored is not None:
     state = state.replace(step=start_step, **restored)
-  parameters_per_token = model.parameters_per_token(state.params)
-  logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
-  state = train_step.replicate(packing.pack_state(state))
+  logging.info('model: %s parameters', f'{sum(model.parameters_per_token(state.params)):,}')
+  return (train_step.replicate(packing.pack_state(state)), start_step, batches, vocab,
+          checkpoints, shard)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str):
+  """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
+  config_lib.validate(config)
+  # The implementations are chosen first: a config this machine cannot run leaves the workdir as
+  # it was.
+  steps = train_step.StepFunctions(config, choice.for_this_machine(config))
+  make_directory(workdir, '--workdir')
+  check_and_write_config(config, workdir)
+  preemption = _Preemption()  # before the data's preparation, which a signal may end too
+  preemption.nothing_to_save = ('stopped before training: nothing new to save, and the files '
+                                'prepared so far are whole')
+  try:
+    state, start_step, batches, vocab, checkpoints, shard = _prepare(config, workdir)
+  except BaseException:
+    preemption.restore()
+    raise
+  parameters_per_token = model.parameters_per_token(steps.param_shapes)
   params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for BLEU on the way
 
   optimizer_step = _OptimizerStep(steps, config.grad_accum_steps)
@@ -398,31 +452,35 @@ def train(config: ml_collections.ConfigDict, workdir: str):
                     '    ' + config.to_json(indent=2).replace('\n', '\n    '))
   evaluator = _Evaluator(config, vocab, steps, shard, writer)
   log = _TrainLog(config, parameters_per_token, checkpoints, writer)
-  preemption, last_save = _Preemption(), time.time()
+  last_save = time.time()
   stop = lambda: _agree(preemption.received)[0]  # for long evaluations
   scheduled = (config.log_every_steps, config.eval_every_steps, config.bleu_every_steps,
                config.checkpoint_every_steps)
-  began, stream = time.time(), batches
-  if start_step >= config.num_train_steps:
-    logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train (raise '
-                    'num_train_steps to train on; eval.py scores the run)', start_step,
-                    config.num_train_steps)
-  else:  # the final BLEU translates validation and test
-    first = next(batches)
-    stream = itertools.chain([first], batches)
-    if jax.process_count() == 1:  # where compile_ahead runs
-      # Traced before compile_ahead's thread starts tracing too: sharing the interpreter with it
-      # delayed the first step.
-      optimizer_step.lower(state, first)
-    evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
-                            ['validation', 'test'])
   try:
+    preemption.nothing_to_save = (
+        'stopped while compiling the train step: nothing new to save since '
+        f'{f"checkpoint {start_step}" if start_step else "the start"}')
+    began, stream = time.time(), batches
+    if start_step >= config.num_train_steps:
+      logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train '
+                      '(raise num_train_steps to train on; eval.py scores the run)', start_step,
+                      config.num_train_steps)
+    else:  # the final BLEU translates validation and test
+      first = next(batches)
+      stream = itertools.chain([first], batches)
+      if jax.process_count() == 1:  # where compile_ahead runs
+        # Traced before compile_ahead's thread starts tracing too: sharing the interpreter with it
+        # delayed the first step.
+        optimizer_step.lower(state, first)
+      evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
+      evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
+                              ['validation', 'test'])
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, stream)
       if step == start_step + 1:  # its first call compiled the step before dispatching it
         logging.info('training step compiled%s and dispatched in %.1f s',
                      ' or loaded' if config.compilation_cache_dir else '', time.time() - began)
+        preemption.nothing_to_save = None  # a step to save from now on
         evaluator.training_started()
       log.add(step_metrics)
       last = step == config.num_train_steps
@@ -455,7 +513,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         break
     else:
       if start_step < config.num_train_steps:
-        _final_bleu(config, checkpoints, evaluator, stop)
+        _final_bleu(config, checkpoints, evaluator, preemption)
   finally:
     preemption.restore()
     checkpoints.wait()  # first: a preempted run has seconds left
