@@ -13,8 +13,8 @@
 #                     1,000 steps, as configured (the Pallas attention), then the bfloat16 matmul
 #                     peak; base_train_cudnn the same with cuDNN's attention
 #   vs_flax_base      the train step at the paper's base size, bfloat16, 256x64, against flax
-#                     examples/wmt, 1 and 5 steps per wait
-#   vs_flax_multi30k  the same at configs/multi30k.py's size, 64x64, float32, as configured and
+#                     examples/wmt, like for like and as shipped, 1 and 5 steps per wait
+#   vs_flax_multi30k  the same at configs/multi30k.py's size, 64x64, float32, and like for like
 #                     with XLA's defaults and with the dot merger off as variants
 #   multi30k          the recipe's train.py from an empty compilation cache under
 #                     benchmarks.start_up, then eval.py on test2016
