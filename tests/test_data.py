@@ -1,5 +1,6 @@
 """The input pipeline: sources, vocabulary, length-grouped and packed batches, resume, sharding."""
 
+import codecs
 import collections
 import concurrent.futures
 import gzip
@@ -713,3 +714,19 @@ def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path):
   assert missing.exists() and all(identity(path) == before for path, before in arrays.items()
                                   if path != missing)
   assert (directory / 'info.json').exists()
+
+
+@pytest.mark.parametrize('damage', ['cut', 'corrupt'])
+def test_a_damaged_gzip_file_is_named_with_the_fix(tmp_path, damage):
+  whole = gzip.compress(b''.join(b'sentence %d\n' % i for i in range(2000)))
+  middle = len(whole) // 2
+  damaged = (whole[:middle] if damage == 'cut' else
+             whole[:middle] + bytes(b ^ 0xff for b in whole[middle:middle + 64]) +
+             whole[middle + 64:])
+  path = tmp_path / 'train.en.gz'
+  path.write_bytes(damaged)
+  with pytest.raises(data.DataError, match=re.escape(f'{path}: not a whole gzip file (') +
+                     r'.*\); download or copy it again$'):
+    data.read_lines(str(path))
+  path.write_bytes(codecs.BOM_UTF8 + b'Ein Mann.\n')  # a byte-order mark is not the first word's
+  assert data.read_lines(str(path)) == ['Ein Mann.']

@@ -1,5 +1,7 @@
 """eval.py, checkpoint averaging and the translate command on a trained configs/tiny.py run."""
 
+import codecs
+import gzip
 import json
 import os
 import re
@@ -222,6 +224,32 @@ def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
     assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
                                  f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (
         f'eval.py: {bad}:2: {why}')
+
+
+def test_a_byte_order_mark_changes_nothing_and_a_cut_gzip_file_gets_one_line(workdir, tmp_path):
+  sources, references = data.split_texts(config_lib.load_workdir_config(workdir), 'test')
+  sources, references = sources[:20], references[:20]
+  scores = {}
+  for name, bom in (('plain', b''), ('bom', codecs.BOM_UTF8)):
+    for side, lines in (('source', sources), ('reference', references)):
+      (tmp_path / f'{name}.{side}').write_bytes(bom + '\n'.join(lines).encode('utf-8') + b'\n')
+    result = run_script('eval.py', f'--workdir={workdir}',
+                        f'--source_file={tmp_path}/{name}.source',
+                        f'--reference_file={tmp_path}/{name}.reference',
+                        f'--output_dir={tmp_path}/{name}_out')
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / f'{name}_out' / 'scores.json') as f:
+      scores[name] = json.load(f)['sacrebleu']
+    assert (tmp_path / f'{name}_out' / 'hypotheses.txt').read_text(encoding='utf-8') == (
+        (tmp_path / 'plain_out' / 'hypotheses.txt').read_text(encoding='utf-8'))
+  assert scores['bom'] == scores['plain']
+
+  whole = gzip.compress('\n'.join(sources).encode('utf-8'))
+  cut = tmp_path / 'cut.gz'
+  cut.write_bytes(whole[:len(whole) // 2])
+  assert error_line(run_script('translate.py', f'--workdir={workdir}', f'--input={cut}')) == (
+      f'translate.py: {cut}: not a whole gzip file (Compressed file ended before the '
+      'end-of-stream marker was reached); download or copy it again')
 
 
 def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path):

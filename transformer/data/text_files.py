@@ -1,6 +1,8 @@
 """Reads parallel text files: one sentence per line, UTF-8, optionally gzipped, lines aligned."""
 
+import codecs
 import gzip
+import zlib
 
 from etils import epath
 
@@ -13,23 +15,29 @@ def read_lines(path: str) -> list[str]:
   """The lines of a UTF-8 text file, gzipped or not, without their line ends.
 
   Raises:
-    DataError: the file is missing, or a line is not UTF-8 (naming the file and line).
+    DataError: the file is missing, a gzipped one is cut short or corrupt, or a line is not UTF-8
+      (naming the file and line).
   """
   if not epath.Path(path).is_file():
     raise DataError(f'{path}: no such file; check the path (one sentence per line, optional .gz)')
   raw = epath.Path(path).read_bytes()
   if raw[:2] == _GZIP_MAGIC:  # by content: downloaded copies lose the .gz suffix
-    raw = gzip.decompress(raw)
+    try:
+      raw = gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as error:  # cut short; corrupt
+      raise DataError(f'{path}: not a whole gzip file ({error or "it ends early"}); download or '
+                      'copy it again') from None
   return decode_lines(raw, path)
 
 
 def decode_lines(raw: bytes, name: str) -> list[str]:
-  """The lines of UTF-8 `raw` text read from `name` (a file, or '<stdin>').
+  """The lines of UTF-8 `raw` text read from `name` (a file, or '<stdin>'), a byte-order mark
+  at its start dropped (editors on Windows write one; it would join the first word).
 
   Raises:
     DataError: a line is not UTF-8; the message names `name`, the line and the fix.
   """
-  lines = raw.split(b'\n')
+  lines = raw.removeprefix(codecs.BOM_UTF8).split(b'\n')
   if lines and not lines[-1]:
     lines.pop()  # the final newline ends the last line
   decoded = []
