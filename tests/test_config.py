@@ -207,3 +207,22 @@ def test_the_multi30k_config_quotes_its_measured_results():
             f'{figures["paper"]} | {figures["minutes"]} minutes |') in readme
 
 
+
+
+@pytest.mark.parametrize('content, why', [
+    ('list', 'holds a JSON list, not an object of config keys'),
+    ('latin-1', 'is not UTF-8 text (invalid start byte at byte 14)'),
+    ('directory', 'is a directory, not the file train.py writes'),
+    ('truncated', 'is not valid JSON (Expecting'),
+])
+def test_a_malformed_config_json_gets_one_line_with_the_fix(tmp_path, content, why):
+  path = tmp_path / 'config.json'
+  if content == 'directory':
+    path.mkdir()
+  else:
+    path.write_bytes({'list': b'[1, 2]', 'latin-1': '{"dataset": "m\xfcll"}'.encode('latin-1'),
+                      'truncated': b'{"dataset": '}[content])
+  with pytest.raises(config_lib.ConfigError) as raised:
+    config_lib.load_workdir_config(str(tmp_path))
+  assert str(raised.value).startswith(f'{path} {why}')
+  assert str(raised.value).endswith('restore it from the config file the run was started with')

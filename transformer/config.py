@@ -234,16 +234,33 @@ def with_added_keys(stored: dict) -> dict:
   return config
 
 
-def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
-  """The validated config.json that train.py wrote in `workdir`."""
-  path = epath.Path(workdir) / 'config.json'
+def read_stored(path: epath.Path) -> dict:
+  """The keys of a workdir's config.json at `path`, as this version reads them
+  (`with_added_keys`).
+
+  Raises:
+    ConfigError: it is missing, a directory, not UTF-8, not JSON or not a JSON object.
+  """
+  fix = 'restore it from the config file the run was started with'
   try:
-    config = ml_collections.ConfigDict(with_added_keys(json.loads(path.read_text())))
+    stored = json.loads(path.read_bytes().decode('utf-8'))
   except (FileNotFoundError, NotADirectoryError):
     raise ConfigError(f'{path} not found: --workdir must be a directory train.py wrote') from None
+  except IsADirectoryError:
+    raise ConfigError(f'{path} is a directory, not the file train.py writes; {fix}') from None
+  except UnicodeDecodeError as error:
+    raise ConfigError(f'{path} is not UTF-8 text ({error.reason} at byte {error.start}); '
+                      f'{fix}') from None
   except json.JSONDecodeError as error:
-    raise ConfigError(f'{path} is not valid JSON ({error}); restore it from the config '
-                      'file the run was started with') from None
-  return validate(config)
+    raise ConfigError(f'{path} is not valid JSON ({error}); {fix}') from None
+  if not isinstance(stored, dict):
+    raise ConfigError(f'{path} holds a JSON {type(stored).__name__}, not an object of config '
+                      f'keys; {fix}')
+  return with_added_keys(stored)
+
+
+def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
+  """The validated config.json that train.py wrote in `workdir`."""
+  return validate(ml_collections.ConfigDict(read_stored(epath.Path(workdir) / 'config.json')))
 
 

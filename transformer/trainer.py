@@ -60,7 +60,7 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
   current = json.loads(config.to_json())
   made = (epath.Path(workdir, vocabulary.MODEL_FILE), epath.Path(workdir, CHECKPOINTS_DIR))
   if path.exists() and any(made_path.exists() for made_path in made):
-    stored = config_lib.with_added_keys(json.loads(path.read_text()))
+    stored = config_lib.read_stored(path)
     for key in RESUME_KEYS:
       old, new = stored.get(key), current[key]
       if isinstance(new, dict):
