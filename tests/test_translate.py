@@ -56,6 +56,14 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   assert outputs[LENGTH_STEP] == outputs[4096]
 
 
+def test_an_empty_or_blank_line_translates_to_an_empty_line(tmp_path):
+  translator, params, sentences = untrained_translator(tmp_path)
+  alone = translator.translate(params, sentences[:2])
+  assert all(alone)  # the untrained model writes something for a sentence
+  assert translator.translate(params, ['', sentences[0], ' \t ', sentences[1], '']) == [
+      '', alone[0], '', alone[1], '']
+
+
 def test_the_programs_to_compile_ahead_are_the_searches_translating_takes(tmp_path):
   translator, params, sentences = untrained_translator(tmp_path)
   translator.tokens_per_device = 2 * LENGTH_STEP  # several calls, of several shapes

@@ -144,13 +144,17 @@ class Translator:
         the translation ends with `Interrupted` (a preempted run saves first).
 
     Returns:
-      One translation per sentence, in input order.
+      One translation per sentence, in input order; an empty one for an empty or blank sentence,
+      which the model would otherwise translate as a sentence of its own.
 
     Raises:
       DataError: a sentence is longer than learned positions cover; the message names its line.
       Interrupted: `stop` returned True.
     """
-    return [self.vocab.decode(ids) for ids in self.search(params, sentences, progress, stop)]
+    blank = [not sentence.strip() for sentence in sentences]
+    outputs = iter(self.search(params, [s for s, b in zip(sentences, blank) if not b], progress,
+                               stop))
+    return ['' if b else self.vocab.decode(next(outputs)) for b in blank]
 
   def search(self, params, sentences: list[str], progress: bool = False,
              stop=None) -> list[np.ndarray]:
