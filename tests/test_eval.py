@@ -262,3 +262,21 @@ def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path)
   assert message.startswith(f'eval.py: {step_dir} cannot be read, a file in it is damaged or '
                             'missing (')
   assert message.endswith('delete that directory to use checkpoint 75 instead')
+
+
+def test_each_command_applies_the_runs_xla_flags_before_jax_starts(workdir, tmp_path):
+  # config.xla_flags reaches XLA only if it is in XLA_FLAGS before the backend starts; a command
+  # that starts it first (choosing an implementation, reading a checkpoint) warns instead.
+  run = tmp_path / 'run'
+  shutil.copytree(workdir, run)
+  config = json.loads((run / 'config.json').read_text())
+  config['xla_flags'] = '--xla_cpu_enable_fast_math=false'
+  (run / 'config.json').write_text(json.dumps(config))
+  for command in (('translate.py', f'--workdir={run}'),
+                  ('eval.py', f'--workdir={run}', '--split=validation',
+                   f'--output_dir={tmp_path}/eval'),
+                  ('plot_attention.py', f'--workdir={run}', '--sentence=a',
+                   f'--output_dir={tmp_path}/pictures')):
+    result = run_script(*command, stdin='a\n')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'not applied' not in result.stderr, (command[0], result.stderr[-3000:])
