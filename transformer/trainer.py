@@ -421,7 +421,6 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> tuple:
     state = initial_state.result()
   if restored is not None:
     state = state.replace(step=start_step, **restored)
-  logging.info('model: %s parameters', f'{sum(model.parameters_per_token(state.params)):,}')
   return (train_step.replicate(packing.pack_state(state)), start_step, batches, vocab,
           checkpoints, shard)
 
@@ -443,6 +442,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     preemption.restore()
     raise
   parameters_per_token = model.parameters_per_token(steps.param_shapes)
+  logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
   params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for BLEU on the way
 
   optimizer_step = _OptimizerStep(steps, config.grad_accum_steps)
