@@ -25,7 +25,7 @@ from tensorboardX.proto import event_pb2
 from conftest import train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import data, metrics, train_step, trainer
+from transformer import data, lock, metrics, train_step, trainer
 from transformer.kernels import choice, compile_ahead, packing
 from transformer.checkpoints import CheckpointError, Checkpoints, load_params
 from transformer.files import DirectoryError
@@ -462,11 +462,17 @@ def test_a_workdir_that_cannot_be_a_directory_is_named(tmp_path):
   assert os.listdir(tmp_path) == ['file']
 
 
+def test_a_workdir_that_takes_no_file_is_named_before_anything_is_written():
+  with pytest.raises(DirectoryError, match=re.escape(
+      '--workdir: /sys takes no new file (Permission denied); give a directory you can write to')):
+    train_in_process('/sys')  # read-only for root too
+
+
 def test_a_start_that_failed_on_its_data_binds_nothing(tmp_path):
   workdir = str(tmp_path / 'run')
   with pytest.raises(data.DataError, match="config.dataset='no_such/de-en': no such TFDS"):
     train_in_process(workdir, dataset='no_such/de-en', tfds_data_dir=str(tmp_path / 'tfds'))
-  assert os.listdir(workdir) == ['config.json']
+  assert sorted(os.listdir(workdir)) == ['config.json', lock.LOCK_FILE]
   train_in_process(workdir, num_train_steps=2, checkpoint_every_steps=0)  # the corrected command
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     assert json.load(f)['dataset'] == 'synthetic'

@@ -36,7 +36,8 @@ def absolute(path: str) -> str:
 
 
 class DirectoryError(ValueError):
-  """A directory a command writes to cannot be made; the message names the flag or key."""
+  """A directory or file a command writes cannot be made or written; the message names the flag
+  or key."""
 
 
 def make_directory(path: str, given_by: str):
@@ -57,6 +58,32 @@ def make_directory(path: str, given_by: str):
            error.strerror or str(error))
     raise DirectoryError(f'{given_by}: {path} cannot be made a directory ({why}); give a '
                          'directory path') from None
+
+
+def check_writable(path: str, given_by: str):
+  """Makes the directory of the file `path` (`make_directory`) and checks that a file can be
+  written there: before a command's work, so that an output it cannot write fails first, not
+  after hours of translation.
+
+  Args:
+    path: a file the command will write (`open_atomically`).
+    given_by: the flag or key it comes from, for the error ('--output_dir').
+
+  Raises:
+    DirectoryError: `path` is a directory, or its directory cannot be made or takes no new file
+      (no permission, a read-only or full disk); the message says which.
+  """
+  path = epath.Path(path)
+  make_directory(path.parent, given_by)
+  if path.is_dir():
+    raise DirectoryError(f'{given_by}: {path} is a directory; give another path, or move it away')
+  probe = path.with_name(f'{path.name}.tmp-{uuid.uuid4().hex[:12]}')  # as open_atomically's
+  try:
+    probe.write_bytes(b'')
+    probe.unlink()
+  except OSError as error:
+    raise DirectoryError(f'{given_by}: {path.parent} takes no new file ({error.strerror or error})'
+                         '; give a directory you can write to') from None
 
 
 @contextlib.contextmanager

@@ -5,9 +5,11 @@ The only module besides checkpoints.py that touches the workdir:
   metrics.jsonl   one JSON object per log step and per evaluation (with `split`)
   tensorboard/    the same scalars for TensorBoard
   checkpoints/    Orbax checkpoints (see checkpoints.py)
+  run.lock        held while a run trains (lock.py): one run per workdir
 """
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import os
@@ -24,12 +26,12 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
-from transformer import bleu, data, metrics, model, train_step, translate
+from transformer import bleu, data, lock, metrics, model, train_step, translate
 from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, on_schedule,
                                     state_shapes)
 from transformer.data import vocabulary
 from transformer.kernels import choice, compile_ahead, packing
-from transformer.files import make_directory, stop_writing, write_atomically
+from transformer.files import check_writable, stop_writing, write_atomically
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
@@ -426,12 +428,39 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> tuple:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str):
-  """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`."""
+  """Trains to config.num_train_steps, resuming from the latest checkpoint in `workdir`.
+
+  Raises:
+    lock.LockedError: another run holds `workdir`; nothing was written.
+  """
   config_lib.validate(config)
   # The implementations are chosen first: a config this machine cannot run leaves the workdir as
   # it was.
   steps = train_step.StepFunctions(config, choice.for_this_machine(config))
-  make_directory(workdir, '--workdir')
+  check_writable(os.path.join(workdir, 'config.json'), '--workdir')
+  with _sole_run(workdir):
+    _train(config, workdir, steps)
+
+
+@contextlib.contextmanager
+def _sole_run(workdir: str):
+  """Holds the workdir's lock (process 0's) for the block; every process stops where another run
+  holds it."""
+  with contextlib.ExitStack() as held:
+    error = None
+    if jax.process_index() == 0:
+      try:
+        held.enter_context(lock.hold(workdir))
+      except lock.LockedError as locked:
+        error = locked
+    if _agree(error is not None)[0]:
+      raise error or lock.LockedError(f'{workdir} is in use by another run (process 0 says '
+                                      'which)')
+    yield
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.StepFunctions):
+  """`train`'s work, once the workdir is this run's."""
   check_and_write_config(config, workdir)
   preemption = _Preemption()  # before the data's preparation, which a signal may end too
   preemption.nothing_to_save = ('stopped before training: nothing new to save, and the files '
