@@ -6,6 +6,7 @@ point: a SIGTERM, another device count, several hosts, train.py's own error line
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ import pytest
 from flax import jax_utils
 from tensorboardX.proto import event_pb2
 
-from conftest import train_in_process
+from conftest import error_line, train_in_process
 from configs import tiny
 from transformer import config as config_lib
 from transformer import data, lock, metrics, train_step, trainer
@@ -536,6 +537,27 @@ def test_checkpoints_save_on_a_thread_and_a_failed_save_raises_at_the_next_wait(
   with pytest.raises(ZeroDivisionError):
     checkpoints.wait()
   checkpoints.close()
+
+
+def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'run')
+  schedule = ('--config.checkpoint_every_steps=20', '--config.eval_every_steps=0')
+  run_train(workdir, '--config.num_train_steps=20', *schedule, devices=1)
+  # No file over 100 kB: the next checkpoint's (~600 kB) fails to be written, as on a full disk.
+  result = subprocess.run(
+      train_command(workdir, '--config.num_train_steps=60', *schedule), cwd=ROOT, env=_env(1),
+      capture_output=True, text=True, timeout=600,
+      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)))
+  directory = os.path.join(workdir, 'checkpoints')
+  assert re.fullmatch(
+      rf'train.py: checkpoint 40 could not be written to {re.escape(directory)} \(File too large; '
+      r'a checkpoint takes 0\.\d\d MiB, [\d.]+ MiB are free there\): training stopped; the '
+      r'latest checkpoint, step 20, is whole. Free space \(or lower keep_checkpoints\) and run '
+      r'the same command again to resume', error_line(result)), result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr
+  assert os.listdir(directory) == ['20']  # nothing of the failed save is left
+  run_train(workdir, '--config.num_train_steps=60', *schedule, devices=1)  # space again: resumed
+  assert sorted(os.listdir(directory), key=int) == ['40', '60']  # keep_checkpoints=2
 
 
 def _mixed_state():

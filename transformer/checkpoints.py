@@ -12,6 +12,8 @@ import concurrent.futures
 import logging as std_logging
 import math
 import os
+import re
+import shutil
 import sys
 
 import jax
@@ -28,8 +30,13 @@ CHECKPOINTS_DIR = 'checkpoints'  # in a workdir
 
 
 def _orbax_warnings_only(record) -> bool:
-  """Orbax logs each stage of every save and restore at INFO: dozens of lines per checkpoint."""
-  return record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname
+  """Orbax logs each stage of every save and restore at INFO: dozens of lines per checkpoint.
+  Its warnings and errors pass, without the traceback of an exception it raises on, which ends
+  as one line (`CheckpointError`)."""
+  if '/orbax/' not in record.pathname:
+    return True
+  record.exc_info = record.exc_text = None
+  return record.levelno >= std_logging.WARNING
 
 
 def local_copy(tree):
@@ -77,26 +84,40 @@ class Checkpoints:
     workdir: the run's directory, local or gs://.
     keep: how many of the newest scheduled checkpoints to keep; None keeps all.
     scheduled: whether a step is on the run's schedule (`on_schedule`); None: every step.
+    read_only: only read: nothing is made or removed (a run may be writing them).
   """
 
-  def __init__(self, workdir: str, keep: int | None = None, scheduled=None):
+  def __init__(self, workdir: str, keep: int | None = None, scheduled=None,
+               read_only: bool = False):
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
     self.directory = os.path.join(files.absolute(workdir), CHECKPOINTS_DIR)
     self.keep, self.scheduled = keep, scheduled or (lambda step: True)
     self.manager = ocp.CheckpointManager(
         self.directory, item_names=(STATE, META, LAYOUT),
-        options=ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True))
+        # A writer removes the temporary directories of a save that failed or was cut short.
+        options=ocp.CheckpointManagerOptions(
+            create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
+            enable_async_checkpointing=True))
     # Orbax's asynchronous save still blocks its caller while it copies the state and makes the
     # checkpoint's directories, so saves start on a thread of their own. Several
     # processes save from the main thread, where Orbax's barriers keep them in step.
     self._saver = (concurrent.futures.ThreadPoolExecutor(1, 'checkpoint_save')
                    if jax.process_count() == 1 else None)
     self._saving = []  # the saver's futures not yet checked
+    self._unchecked = None  # (step, bytes) of a save `_prune` has not checked (several processes)
+    self._failed = None  # the step of a save that failed: later ones are not started
+    _drop_closed_loop_reports()  # a failed save leaves Orbax's reads and writes such reports too
 
   def _saved(self, pending: int = 0):
-    """Waits until all saves but the last `pending` have started; raises the error of one that
-    failed."""
+    """Waits until all saves but the last `pending` are done (on one process: written); raises
+    the error of one that failed."""
     while len(self._saving) > pending:
+      self._saving.pop(0).result()
+
+  def check(self):
+    """Raises the error of a save that failed (`CheckpointError`) once it is known; returns at
+    once: a training loop calls it every step, so that a failed save stops the run."""
+    while self._saving and self._saving[0].done():
       self._saving.pop(0).result()
 
   def all_steps(self) -> list[int]:
@@ -118,16 +139,30 @@ class Checkpoints:
       meta: JSON-serialisable facts beside it (step, data position, ...).
     """
     def save():
-      self._prune()  # once the saves before this one are written
       self.manager.save(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(pack(state_tree)), META: ocp.args.JsonSave(meta),
           LAYOUT: ocp.args.JsonSave({'arrays': layout(state_tree)})}), force=True)
 
-    if self._saver is None:
+    size = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(state_tree))
+    if self._saver is None:  # the previous save is checked first, not waited for after
+      self._prune()
       save()
+      self._unchecked = step, size
       return
+    def save_and_check():
+      if self._failed is not None:  # a save before this one failed: the run is stopping
+        return
+      try:
+        save()
+        self._prune(step, size)
+      except BaseException:
+        self._failed = step
+        raise
+
+    self.check()
     self._saved(pending=1)  # each waiting save holds a copy of the state: one at most
-    self._saving.append(self._saver.submit(save))
+    # On its own thread, which waits for the write: a failure is known at once (`check`).
+    self._saving.append(self._saver.submit(save_and_check))
 
   def restore(self, step: int, like):
     """Reads checkpoint `step`.
@@ -145,7 +180,6 @@ class Checkpoints:
     """
     self.wait()
     packed = (epath.Path(self.directory) / str(step) / LAYOUT).exists()
-    _drop_closed_loop_reports()
     try:
       if packed:
         arrays = layout(like)
@@ -206,9 +240,28 @@ class Checkpoints:
     steps = self.all_steps()
     return [step for step in steps if self.scheduled(step)][-count:] or steps[-1:]
 
-  def _prune(self):
-    """Deletes the written checkpoints beyond the `keep` newest scheduled ones, but the newest."""
-    self.manager.wait_until_finished()
+  def _prune(self, step: int | None = None, size: int = 0):
+    """Waits for the saves under way, then deletes the checkpoints beyond the `keep` newest
+    scheduled ones, but the newest.
+
+    Args:
+      step: the step of the last save, to check that it was written; None: the one `save`
+        left unchecked, if any.
+      size: its bytes, which a failure reports.
+
+    Raises:
+      CheckpointError: that save failed; what it left is removed, and the message says why, with
+        the space left.
+    """
+    if step is None and self._unchecked is not None:
+      (step, size), self._unchecked = self._unchecked, None
+    try:
+      self.manager.wait_until_finished()
+      failure = None
+    except Exception as error:  # Orbax and TensorStore raise many kinds for a failed write
+      failure = error
+    if step is not None and (failure is not None or step not in self.manager.all_steps()):
+      raise CheckpointError(self._unwritten(step, size, failure))
     if self.keep is None:
       return
     steps = list(self.manager.all_steps())
@@ -217,10 +270,37 @@ class Checkpoints:
       if step not in kept:
         self.manager.delete(step)
 
+  def _unwritten(self, step: int, size: int, failure: Exception | None) -> str:
+    """Removes what the failed save of `step` left, and says what happened."""
+    self._remove_unwritten(step)
+    reason = (getattr(failure, 'strerror', None) or (str(failure).strip().splitlines() or [''])[0]
+              if failure else 'not written')
+    if code := re.search(r"os_error_code='(\d+)'", reason):  # TensorStore's message ends with it
+      reason = os.strerror(int(code.group(1)))
+    space = f'a checkpoint takes {size / 2**20:.2f} MiB'
+    if not files.is_remote(self.directory):
+      space += f', {shutil.disk_usage(self.directory).free / 2**20:.2f} MiB are free there'
+    written = [s for s in self.manager.all_steps() if s != step]
+    kept = (f'the latest checkpoint, step {written[-1]}, is whole' if written else
+            'no checkpoint was written before it')
+    return (f'checkpoint {step} could not be written to {self.directory} ({reason[:300]}; '
+            f'{space}): training stopped; {kept}. Free space (or lower keep_checkpoints) and '
+            'run the same command again to resume')
+
   def wait(self):
     """Returns once every started save is written (and what it leaves behind deleted)."""
     self._saved()
     self._prune()
+
+  def _remove_unwritten(self, step: int):
+    """Removes the directories of a save of `step` that failed. Writes of it still in flight
+    may refill one: `close` removes them again, and a writer's next start too."""
+    for path in epath.Path(self.directory).glob(f'{step}*'):
+      if path.name == str(step) or path.name.startswith(f'{step}.'):  # its temporary copies
+        try:
+          path.rmtree(missing_ok=True)
+        except OSError:
+          pass
 
   def close(self):
     """Waits for the saves and releases Orbax's resources."""
@@ -230,12 +310,15 @@ class Checkpoints:
       if self._saver is not None:
         self._saver.shutdown()
       self.manager.close()
+      if self._failed is not None:  # writes in flight when it failed may have made more
+        self._remove_unwritten(self._failed)
 
 
 def _drop_closed_loop_reports():
-  """When one read of a restore fails, the reads still in flight call back into Orbax's event
-  loop after it closed, and Python prints each `RuntimeError('Event loop is closed')` as a
-  traceback around our one-line error: drop exactly those reports (installed once)."""
+  """When one read of a restore (or write of a save) fails, the reads still in flight call back
+  into Orbax's event loop after it closed, and Python prints each `RuntimeError('Event loop is
+  closed')` as a traceback around our one-line error: drop exactly those reports (installed
+  once)."""
   previous = sys.unraisablehook
   if getattr(previous, 'drops_closed_loop_reports', False):
     return
@@ -295,7 +378,7 @@ def load_params(workdir: str, config, average_last: int | None = None):
   Raises:
     CheckpointError: no checkpoint, too few, or a damaged one; the message says what to do.
   """
-  checkpoints = Checkpoints(workdir, scheduled=on_schedule(config))
+  checkpoints = Checkpoints(workdir, scheduled=on_schedule(config), read_only=True)
   try:
     steps = checkpoints.averaged_steps(len(checkpoints.all_steps()))
     if not steps:
@@ -334,7 +417,7 @@ def write_average(workdir: str, output_workdir: str, config, last: int) -> list[
     CheckpointError: as `load_params`, or `output_workdir` holds checkpoints already.
   """
   params, steps = load_params(workdir, config, last)
-  source = Checkpoints(workdir)
+  source = Checkpoints(workdir, read_only=True)
   newest, meta = source.restore(steps[-1], state_shapes(config))
   source.close()
   target = Checkpoints(output_workdir)

@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import io
 import os
+import shutil
 import threading
 import uuid
 
@@ -60,6 +61,35 @@ def make_directory(path: str, given_by: str):
                          'directory path') from None
 
 
+@contextlib.contextmanager
+def made_for_the_block(path: str, given_by: str):
+  """Makes the directory `path` (`make_directory`) for a block that writes into it; if the block
+  fails, one that it made and left empty is removed again.
+
+  Raises:
+    DirectoryError: as `make_directory`.
+  """
+  made = not epath.Path(path).exists()
+  make_directory(path, given_by)
+  try:
+    yield
+  except BaseException:
+    if made and not is_remote(path) and not os.listdir(path):
+      os.rmdir(path)
+    raise
+
+
+def _unwritable(path: str, error: OSError) -> DirectoryError:
+  """The one-line error of a write to `path` that failed: why, and the space left there."""
+  why = error.strerror or str(error)
+  if not is_remote(path):
+    try:
+      why += f'; {shutil.disk_usage(os.path.dirname(path)).free / 2**20:.2f} MiB free there'
+    except OSError:
+      pass
+  return DirectoryError(f'{path} could not be written ({why})')
+
+
 def check_writable(path: str, given_by: str):
   """Makes the directory of the file `path` (`make_directory`) and checks that a file can be
   written there: before a command's work, so that an output it cannot write fails first, not
@@ -112,8 +142,10 @@ def open_atomically(path: str, mode: str = 'wb'):
     with target.open(mode, **({} if 'b' in mode else {'encoding': 'utf-8'})) as f:
       yield f
     os.replace(target, path)
-  except BaseException:
+  except BaseException as error:
     target.unlink(missing_ok=True)
+    if isinstance(error, OSError):
+      raise _unwritable(path, error) from None
     raise
   finally:
     _TEMPORARIES.discard(target)
@@ -139,8 +171,21 @@ def append_line(path: str, line: str):
   """Adds `line` and a newline at the end of `path`. A bucket's objects cannot grow: there the
   file is written again whole, with the line added (`write_atomically`)."""
   if not is_remote(path):
-    with _APPENDING, open(path, 'a', encoding='utf-8') as f:
-      f.write(line + '\n')
+    with _APPENDING:
+      try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      except OSError as error:
+        raise _unwritable(path, error) from None
+      try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        remaining = memoryview((line + '\n').encode('utf-8'))
+        while remaining:
+          remaining = remaining[os.write(fd, remaining):]
+      except OSError as error:  # a full disk: no half line stays
+        os.ftruncate(fd, end)
+        raise _unwritable(path, error) from None
+      finally:
+        os.close(fd)
     return
   old = epath.Path(path).read_text(encoding='utf-8') if epath.Path(path).exists() else ''
   write_atomically(path, old + line + '\n')

@@ -512,6 +512,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.St
         preemption.nothing_to_save = None  # a step to save from now on
         evaluator.training_started()
       log.add(step_metrics)
+      checkpoints.check()  # a failed save stops the run at the step it is known
       last = step == config.num_train_steps
       preempted = secs_due = False
       # Agreeing waits for this step on every host: several hosts do it only now and then.
