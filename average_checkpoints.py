@@ -15,10 +15,9 @@ import sys
 from absl import app, flags
 from etils import epath
 
-from transformer import checkpoints
+from transformer import checkpoints, commands, files
 from transformer import config as config_lib
 from transformer.data import vocabulary
-from transformer.files import DirectoryError, make_directory, write_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average.')
 _AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'How many of the newest checkpoints '
@@ -31,21 +30,24 @@ flags.mark_flags_as_required(['workdir', 'output_dir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  output_dir = _OUTPUT_DIR.value
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
-    make_directory(_OUTPUT_DIR.value, '--output_dir')
-    last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
-    steps = checkpoints.write_average(_WORKDIR.value, _OUTPUT_DIR.value, config, last)
-  except (config_lib.ConfigError, checkpoints.CheckpointError, DirectoryError) as error:
+    with files.made_for_the_block(output_dir, '--output_dir'):
+      files.check_writable(os.path.join(output_dir, 'config.json'), '--output_dir')
+      last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
+      steps = checkpoints.write_average(_WORKDIR.value, output_dir, config, last)
+      averaged_config = json.loads(config.to_json())
+      averaged_config['average_last'] = 1
+      files.write_atomically(os.path.join(output_dir, vocabulary.MODEL_FILE),
+                             epath.Path(_WORKDIR.value, vocabulary.MODEL_FILE).read_bytes())
+      # Last: a config.json makes the directory a workdir other commands read.
+      files.write_atomically(os.path.join(output_dir, 'config.json'),
+                             json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
+  except (config_lib.ConfigError, checkpoints.CheckpointError, files.DirectoryError) as error:
     sys.exit(f'average_checkpoints.py: {error}')
-  averaged_config = json.loads(config.to_json())
-  averaged_config['average_last'] = 1
-  write_atomically(os.path.join(_OUTPUT_DIR.value, 'config.json'),
-                   json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
-  write_atomically(os.path.join(_OUTPUT_DIR.value, vocabulary.MODEL_FILE),
-                   epath.Path(_WORKDIR.value, vocabulary.MODEL_FILE).read_bytes())
-  print(f'averaged steps {steps} into {_OUTPUT_DIR.value}')
+  print(f'averaged steps {steps} into {output_dir}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  commands.run(main, 'average_checkpoints.py')

@@ -16,8 +16,7 @@ import time
 
 from absl import app, flags, logging
 
-from transformer import bleu, checkpoints, commands, data, translate
-from transformer.files import DirectoryError, make_directory, write_atomically
+from transformer import bleu, checkpoints, commands, data, files, translate
 from transformer import config as config_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json, checkpoints/).')
@@ -39,7 +38,11 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   if (_SOURCE_FILE.value is None) != (_REFERENCE_FILE.value is None):
     raise EvalError('--source_file and --reference_file go together')
   if _SOURCE_FILE.value is None:
-    sources, references = data.split_texts(config, _SPLIT.value)
+    try:
+      sources, references = data.split_texts(config, _SPLIT.value)
+    except data.DataError as error:  # about the run's config.json, which --config does not set
+      raise data.DataError(config_lib.as_stored_fix(
+          str(error), os.path.join(_WORKDIR.value, 'config.json'))) from None
     return sources, references, f'{config.dataset} {_SPLIT.value}'
   sources = data.read_lines(_SOURCE_FILE.value)
   references = data.read_lines(_REFERENCE_FILE.value)
@@ -51,26 +54,16 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   return sources, references, _SOURCE_FILE.value
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  try:
-    # The texts and the output directory first: bad ones fail before the model is loaded.
-    stored_config = config_lib.load_workdir_config(_WORKDIR.value)
-    commands.set_up_jax(stored_config)
-    sources, references, name = evaluation_texts(stored_config)
-    make_directory(_OUTPUT_DIR.value, '--output_dir')
-    translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
-                                                       _BEAM_SIZE.value, _ALPHA.value)
-    began = time.time()
-    hypotheses = translator.translate(params, sources, progress=True)
-    seconds = time.time() - began
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, DirectoryError,
-          EvalError) as error:
-    sys.exit(f'eval.py: {error}')
+def evaluate(sources: list[str], references: list[str], name: str) -> tuple[list[str], dict]:
+  """(the hypotheses, scores.json's dict) of the run in --workdir on `sources`."""
+  translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
+                                                     _BEAM_SIZE.value, _ALPHA.value)
+  began = time.time()
+  hypotheses = translator.translate(params, sources, progress=True)
+  seconds = time.time() - began
   sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
   compound_split = config_lib.compound_split(config)
-  scores = {
+  return hypotheses, {
       'sacrebleu': sacrebleu_score,
       'sacrebleu_signature': signature,
       'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang, compound_split),
@@ -84,15 +77,31 @@ def main(argv):
       'sentences_per_sec': len(sources) / max(seconds - translator.compile_secs, 1e-9),
       'compile_secs': translator.compile_secs,
   }
-  write_atomically(os.path.join(_OUTPUT_DIR.value, 'hypotheses.txt'),
-                   ''.join(h + '\n' for h in hypotheses))
-  write_atomically(os.path.join(_OUTPUT_DIR.value, 'scores.json'),
-                   json.dumps(scores, indent=2) + '\n')
-  logging.info('sacreBLEU signature: %s', signature)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  outputs = [os.path.join(_OUTPUT_DIR.value, name) for name in ('hypotheses.txt', 'scores.json')]
+  try:
+    # The texts and the outputs first: bad ones fail before the model is loaded.
+    stored_config = config_lib.load_workdir_config(_WORKDIR.value)
+    commands.set_up_jax(stored_config)
+    sources, references, name = evaluation_texts(stored_config)
+    with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):
+      for path in outputs:
+        files.check_writable(path, '--output_dir')
+      hypotheses, scores = evaluate(sources, references, name)
+      files.write_atomically(outputs[0], ''.join(h + '\n' for h in hypotheses))
+      files.write_atomically(outputs[1], json.dumps(scores, indent=2) + '\n')
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
+          files.DirectoryError, EvalError) as error:
+    sys.exit(f'eval.py: {error}')
+  logging.info('sacreBLEU signature: %s', scores['sacrebleu_signature'])
   print(f'{name}: sacreBLEU {scores["sacrebleu"]:.2f} | paper BLEU {scores["bleu_paper"]:.2f} | '
         f'{len(sources)} sentences | {scores["sentences_per_sec"]:.1f} sentences/s after '
-        f'{scores["compile_secs"]:.1f} s of compilation | checkpoints {steps}')
+        f'{scores["compile_secs"]:.1f} s of compilation | checkpoints {scores["checkpoint_steps"]}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  commands.run(main, 'eval.py')

@@ -12,9 +12,8 @@ import sys
 
 from absl import app, flags
 
-from transformer import checkpoints, commands, data, plots, translate
+from transformer import checkpoints, commands, data, files, plots, translate
 from transformer import config as config_lib
-from transformer.files import DirectoryError, make_directory
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
                                'checkpoints/).')
@@ -35,19 +34,21 @@ def main(argv):
   try:
     # A wrong --workdir fails before output_dir.
     commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value))
-    make_directory(output_dir, '--output_dir')
-    translation, figures = plots.attention_figures(_WORKDIR.value, _SENTENCE.value,
-                                                   _AVERAGE_LAST.value, _BEAM_SIZE.value,
-                                                   _ALPHA.value)
+    with files.made_for_the_block(output_dir, '--output_dir'):
+      paths = [os.path.join(output_dir, f'{name}.png') for name in plots.KINDS]
+      for path in paths:
+        files.check_writable(path, '--output_dir')
+      translation, figures = plots.attention_figures(_WORKDIR.value, _SENTENCE.value,
+                                                     _AVERAGE_LAST.value, _BEAM_SIZE.value,
+                                                     _ALPHA.value)
+      for name, path in zip(plots.KINDS, paths):
+        plots.save(figures[name], path)
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
-          DirectoryError) as error:
+          files.DirectoryError) as error:
     sys.exit(f'plot_attention.py: {error}')
   print(f'translation: {translation}')
-  for name, figure in figures.items():
-    path = os.path.join(output_dir, f'{name}.png')
-    plots.save(figure, path)
-    print(f'wrote {path}')
+  print('\n'.join(f'wrote {path}' for path in paths))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  commands.run(main, 'plot_attention.py')

@@ -10,8 +10,7 @@ import sys
 
 from absl import app, flags
 
-from transformer import plots
-from transformer.files import DirectoryError, make_directory
+from transformer import commands, files, plots
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'A train.py workdir (repeat to compare '
                                       'runs).')
@@ -26,16 +25,16 @@ def main(argv):
   output = _OUTPUT.value or os.path.join(workdirs[0], 'curves.png')
   try:
     runs = {name: plots.read_metrics(w) for name, w in zip(plots.run_names(workdirs), workdirs)}
-    make_directory(os.path.dirname(output) or '.', f'--output={output}')
-  except (plots.PlotError, DirectoryError) as error:
+    files.check_writable(output, f'--output={output}')
+    for name, rows in runs.items():
+      if not any('time' in row for row in rows):
+        print(f'plot_curves.py: {name} logged no wall-clock times (a run from before they were '
+              'logged): its curves are against step only', file=sys.stderr)
+    plots.save(plots.curves(runs), output)
+  except (plots.PlotError, files.DirectoryError) as error:
     sys.exit(f'plot_curves.py: {error}')
-  for name, rows in runs.items():
-    if rows and not any('time' in row for row in rows):
-      print(f'plot_curves.py: {name} logged no wall-clock times (a run from before they were '
-            'logged): its curves are against step only', file=sys.stderr)
-  plots.save(plots.curves(runs), output)
   print(f'wrote {output}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  commands.run(main, 'plot_curves.py')

@@ -36,4 +36,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=commands.flags_parser('prepare.py'))
+  commands.run(main, 'prepare.py', config_flag=True)

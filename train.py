@@ -92,4 +92,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=commands.flags_parser('train.py'))
+  commands.run(main, 'train.py', config_flag=True)

@@ -7,15 +7,13 @@ reads --input (default: stdin) and writes --output (default: stdout), with the m
 last average_last checkpoints and its beam search settings unless the flags say otherwise.
 """
 
-import os
 import sys
 import time
 
 from absl import app, flags, logging
 
-from transformer import checkpoints, commands, data, translate
+from transformer import checkpoints, commands, data, files, translate
 from transformer import config as config_lib
-from transformer.files import DirectoryError, make_directory, write_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
                                'checkpoints/).')
@@ -30,31 +28,28 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
-    # A wrong --workdir fails before stdin is read.
+    # A wrong --workdir or --output fails before stdin is read.
     commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value))
     if _OUTPUT.value:
-      make_directory(os.path.dirname(_OUTPUT.value) or '.', f'--output={_OUTPUT.value}')
+      files.check_writable(_OUTPUT.value, f'--output={_OUTPUT.value}')
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
     sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
                  data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
     translator, params, _, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
                                                   _BEAM_SIZE.value, _ALPHA.value)
-  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError, DirectoryError,
-          OSError) as error:
-    sys.exit(f'translate.py: {error}')
-  began = time.time()
-  try:
+    began = time.time()
     translations = translator.translate(params, sentences, progress=True)
-  except data.DataError as error:
+    logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences),
+                 time.time() - began, steps)
+    text = ''.join(t + '\n' for t in translations)
+    if _OUTPUT.value:
+      files.write_atomically(_OUTPUT.value, text)
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
+          files.DirectoryError) as error:
     sys.exit(f'translate.py: {error}')
-  logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences), time.time() - began,
-               steps)
-  text = ''.join(t + '\n' for t in translations)
-  if _OUTPUT.value:
-    write_atomically(_OUTPUT.value, text)
-  else:
+  if not _OUTPUT.value:
     sys.stdout.write(text)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  commands.run(main, 'translate.py')

@@ -6,6 +6,9 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -25,6 +28,9 @@ def orbax_info_lines(log: str) -> list[str]:
   ours = {name for _, _, names in os.walk(os.path.dirname(checkpoints.__file__)) for name in names}
   return [line for line in log.splitlines()
           if re.match(r'I\d{4} ', line) and line.split()[3].split(':')[0] in orbax_files - ours]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -164,8 +170,11 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
 
   untrained = tmp_path / 'untrained'
   shutil.copytree(workdir, untrained, ignore=shutil.ignore_patterns('checkpoints'))
-  result = run_script('eval.py', f'--workdir={untrained}', f'--output_dir={tmp_path}')
-  assert error_line(result) == f'eval.py: {untrained}/checkpoints holds no checkpoint; train first'
+  for script, *args in (('eval.py', f'--output_dir={tmp_path}'), ('translate.py',)):
+    result = run_script(script, f'--workdir={untrained}', *args, stdin='a\n')
+    assert error_line(result) == (
+        f'{script}: {untrained}/checkpoints holds no checkpoint; train first')
+    assert not (untrained / 'checkpoints').exists()  # readers make nothing in a workdir
 
   assert 'average_last=4, but' in error_line(
       run_script('eval.py', f'--workdir={workdir}', '--average_last=4', f'--output_dir={tmp_path}'))
@@ -210,6 +219,78 @@ def test_an_output_path_under_a_file_stops_the_command_first(workdir, tmp_path, 
   assert os.listdir(tmp_path) == ['file']
 
 
+READ_ONLY = '/sys'  # read-only for root too
+
+
+@pytest.mark.parametrize('command, line', [
+    (('eval.py', '--output_dir=READ_ONLY'),
+     '--output_dir: READ_ONLY takes no new file (Permission denied); give a directory you can '
+     'write to'),
+    (('eval.py', '--output_dir=TMP'), '--output_dir: TMP/scores.json is a directory; give '
+     'another path, or move it away'),
+    (('translate.py', '--output=TMP/scores.json'), '--output=TMP/scores.json: TMP/scores.json '
+     'is a directory; give another path, or move it away'),
+    (('translate.py', '--output=READ_ONLY/out.txt'), '--output=READ_ONLY/out.txt: READ_ONLY takes '
+     'no new file (Permission denied); give a directory you can write to'),
+    (('plot_curves.py', '--output=TMP/scores.json'), '--output=TMP/scores.json: TMP/scores.json '
+     'is a directory; give another path, or move it away'),
+    (('plot_attention.py', '--sentence=a', '--output_dir=READ_ONLY'), '--output_dir: READ_ONLY '
+     'takes no new file (Permission denied); give a directory you can write to'),
+    (('average_checkpoints.py', '--output_dir=READ_ONLY'), '--output_dir: READ_ONLY takes no new '
+     'file (Permission denied); give a directory you can write to'),
+])
+def test_an_output_that_cannot_be_written_stops_the_command_before_its_work(workdir, tmp_path,
+                                                                            command, line):
+  (tmp_path / 'scores.json').mkdir()
+  script, *args = command
+  fill = lambda text: text.replace('READ_ONLY', READ_ONLY).replace('TMP', str(tmp_path))
+  result = run_script(script, f'--workdir={workdir}', *map(fill, args), stdin='a\n')
+  assert error_line(result) == f'{script}: {fill(line)}'
+  assert 'translated' not in result.stderr and 'restored' not in result.stderr
+  assert os.listdir(tmp_path) == ['scores.json']
+
+
+def test_a_failed_or_interrupted_evaluation_leaves_no_output_directory(workdir, tmp_path):
+  output_dir = tmp_path / 'eval'
+  assert 'average_last=4, but' in error_line(run_script(
+      'eval.py', f'--workdir={workdir}', '--average_last=4', f'--output_dir={output_dir}'))
+  assert os.listdir(tmp_path) == []
+  # Ctrl-C while translating: one line, the status of a SIGINT, nothing written.
+  sources, references = data.split_texts(config_lib.load_workdir_config(workdir), 'test')
+  for side, lines in (('source', sources), ('reference', references)):
+    (tmp_path / side).write_text('\n'.join(lines * 40) + '\n', encoding='utf-8')
+  process = subprocess.Popen(
+      [sys.executable, 'eval.py', f'--workdir={workdir}', f'--source_file={tmp_path}/source',
+       f'--reference_file={tmp_path}/reference', f'--output_dir={output_dir}'],
+      cwd=ROOT, stderr=subprocess.PIPE, text=True,
+      env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1'))
+  for line in process.stderr:
+    if re.search(r'translated \d+/8000 sentences', line):
+      break
+  process.send_signal(signal.SIGINT)
+  stderr = process.communicate(timeout=120)[1]
+  assert process.returncode == 130 and 'Traceback' not in stderr, stderr[-3000:]
+  assert stderr.strip().splitlines()[-1] == (
+      'eval.py: stopped by Ctrl-C; the files it was writing are as they were')
+  assert sorted(os.listdir(tmp_path)) == ['reference', 'source']
+
+
+def test_a_runs_config_that_this_version_refuses_is_named_with_a_fix_in_it(workdir, tmp_path):
+  run = tmp_path / 'run'
+  shutil.copytree(workdir, run)
+  config = json.loads((run / 'config.json').read_text())
+  (run / 'config.json').write_text(json.dumps(dict(config, warmup_steps=0)))
+  fix = f'set "warmup_steps" to N in {run}/config.json'
+  for script, *args in (('eval.py', f'--output_dir={tmp_path}/eval'), ('translate.py',)):
+    assert error_line(run_script(script, f'--workdir={run}', *args, stdin='a\n')) == (
+        f'{script}: config.warmup_steps=0: must be an integer >= 1; {fix}')
+  (run / 'config.json').write_text(json.dumps(dict(config, dataset='text', test_files='',
+                                                   train_files='data/{lang}')))
+  assert error_line(run_script('eval.py', f'--workdir={run}', f'--output_dir={tmp_path}/eval')) == (
+      'eval.py: config.test_files is empty: name the test files of dataset=text, set '
+      f'"test_files" to data/test.{{lang}}.gz in {run}/config.json ({{lang}} = a language code)')
+
+
 def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
   bad, good = tmp_path / 'bad.txt', tmp_path / 'good.txt'
   bad.write_bytes(b'A man.\n\xff\xfe dog\n')
@@ -220,6 +301,8 @@ def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
       f'translate.py: <stdin>:2: {why}')
   assert error_line(run_script(*translate_command, f'--input={bad}')) == (
       f'translate.py: {bad}:2: {why}')
+  assert error_line(run_script(*translate_command, f'--input={tmp_path}')) == (
+      f'translate.py: {tmp_path}: a directory, not a file; give a file of one sentence per line')
   for source, reference in ((bad, good), (good, bad)):
     assert error_line(run_script('eval.py', f'--workdir={workdir}', f'--source_file={source}',
                                  f'--reference_file={reference}', f'--output_dir={tmp_path}')) == (

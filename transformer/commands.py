@@ -9,7 +9,7 @@ import sys
 
 import jax
 import ml_collections
-from absl import flags, logging
+from absl import app, flags, logging
 from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 
 from transformer import files
@@ -114,6 +114,21 @@ def flags_parser(command: str):
     except (ConfigError, flags.Error) as error:
       sys.exit(f'{command}: {error}')
   return parse
+
+
+def run(main, command: str, config_flag: bool = False):
+  """absl's `app.run(main)` for `command` (e.g. 'eval.py'): a Ctrl-C ends it with one line and
+  status 130, not a traceback; the files it was writing are left as they were
+  (`files.open_atomically`). With `config_flag`, a bad --config ends it with one line too
+  (`flags_parser`)."""
+  def interruptible(argv):
+    try:
+      return main(argv)
+    except KeyboardInterrupt:
+      print(f'{command}: stopped by Ctrl-C; the files it was writing are as they were',
+            file=sys.stderr)
+      sys.exit(130)
+  app.run(interruptible, **({'flags_parser': flags_parser(command)} if config_flag else {}))
 
 
 def set_up_jax(config: ml_collections.ConfigDict):

@@ -15,12 +15,17 @@ def read_lines(path: str) -> list[str]:
   """The lines of a UTF-8 text file, gzipped or not, without their line ends.
 
   Raises:
-    DataError: the file is missing, a gzipped one is cut short or corrupt, or a line is not UTF-8
-      (naming the file and line).
+    DataError: the file is missing, a directory or unreadable, a gzipped one is cut short or
+      corrupt, or a line is not UTF-8 (naming the file and line).
   """
+  if epath.Path(path).is_dir():
+    raise DataError(f'{path}: a directory, not a file; give a file of one sentence per line')
   if not epath.Path(path).is_file():
     raise DataError(f'{path}: no such file; check the path (one sentence per line, optional .gz)')
-  raw = epath.Path(path).read_bytes()
+  try:
+    raw = epath.Path(path).read_bytes()
+  except OSError as error:
+    raise DataError(f'{path}: cannot be read ({error.strerror or error})') from None
   if raw[:2] == _GZIP_MAGIC:  # by content: downloaded copies lose the .gz suffix
     try:
       raw = gzip.decompress(raw)
