@@ -98,6 +98,23 @@ def test_curves_read_a_line_being_written_and_name_a_bad_one(tmp_path):
       f'plot_curves.py: {missing}/metrics.jsonl not found: --workdir takes a train.py workdir')
 
 
+@pytest.mark.parametrize('content, problem', [
+    (b'', 'holds no row yet: plot once the run has logged its first log_every_steps'),
+    (b'{"step": 10, "loss": 2.0}\n{"step": 20, "loss": "2.1"}\n',
+     ':2 is not a metrics row: its "loss" is \'2.1\', not a number; delete or mend that line'),
+    (b'{"step": 10, "time": "noon", "loss": 2.0}\n',
+     ':1 is not a metrics row: its "time" is \'noon\', not a number; delete or mend that line'),
+    (b'{"step": 10, "loss": 2.0}\n{"step": 20, "note": "\xff"}\n',
+     ':2 is not a metrics row (not UTF-8, byte 22): delete or mend that line'),
+])
+def test_curves_refuse_rows_they_cannot_draw_and_draw_nothing(tmp_path, content, problem):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_bytes(content)
+  result = run_script('plot_curves.py', f'--workdir={tmp_path}')
+  assert error_line(result) == f'plot_curves.py: {path}{" " if not content else ""}{problem}'
+  assert os.listdir(tmp_path) == ['metrics.jsonl']
+
+
 @pytest.mark.slow
 def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
   sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]

@@ -42,24 +42,38 @@ class PlotError(ValueError):
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The rows of DIR/metrics.jsonl; a last line without its newline is still being written."""
+  """The rows of DIR/metrics.jsonl; a last line without its newline is still being written.
+
+  Raises:
+    PlotError: no such file, no row yet, or a line that is no metrics row (not UTF-8, not JSON,
+      no integer "step", or a plotted value or "time" that is no number); the message names it.
+  """
   path = os.path.join(workdir, 'metrics.jsonl')
   try:
-    lines = epath.Path(path).read_text(encoding='utf-8').splitlines(keepends=True)
+    lines = epath.Path(path).read_bytes().splitlines(keepends=True)
   except FileNotFoundError:
     raise PlotError(f'{path} not found: --workdir takes a train.py workdir') from None
-  if lines and not lines[-1].endswith('\n'):
+  if lines and not lines[-1].endswith(b'\n'):
     lines.pop()
+  if not lines:
+    raise PlotError(f'{path} holds no row yet: plot once the run has logged its first '
+                    'log_every_steps')
   rows = []
   for number, line in enumerate(lines, 1):
+    mend = f'{path}:{number} is not a metrics row'
     try:
-      row = json.loads(line)
+      row = json.loads(line.decode('utf-8'))
+    except UnicodeDecodeError as error:
+      raise PlotError(f'{mend} (not UTF-8, byte {error.start}): delete or mend that line') from None
     except json.JSONDecodeError as error:
       raise PlotError(f'{path}:{number} is not JSON ({error.msg}): delete or mend that '
                       'line') from None
     if not isinstance(row, dict) or not isinstance(row.get('step'), int):
-      raise PlotError(f'{path}:{number} is not a metrics row (a JSON object with an integer '
-                      '"step"): delete or mend that line')
+      raise PlotError(f'{mend} (a JSON object with an integer "step"): delete or mend that line')
+    for key in ('time', *(metric for _, metric, _, _ in PANELS)):
+      if key in row and (isinstance(row[key], bool) or not isinstance(row[key], (int, float))):
+        raise PlotError(f'{mend}: its "{key}" is {row[key]!r}, not a number; delete or mend that '
+                        'line')
     rows.append(row)
   return rows
 
