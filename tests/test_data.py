@@ -173,11 +173,12 @@ def test_vocabulary_is_trained_once_kept_beside_the_data_and_copied_to_each_work
   with pytest.raises(data.DataError, match='has 320 pieces but config.vocab_size=400'):
     data.load_or_train_vocabulary(config, workdir)
   damaged = tmp_path / 'run' / 'vocab' / 'sentencepiece.model'
-  damaged.write_bytes(first.model_proto[:100])
-  with pytest.raises(data.DataError, match=re.escape(
-      f'{damaged} is damaged: SentencePiece cannot read it; restore it from a copy (train.py '
-      "keeps one under config.tfds_data_dir's vocabularies/)")):
-    data.load_vocabulary(config, workdir)
+  for content in (first.model_proto[:100], b''):  # cut; empty
+    damaged.write_bytes(content)
+    with pytest.raises(data.DataError, match=re.escape(
+        f'{damaged} is damaged: SentencePiece cannot read it; restore it from a copy (train.py '
+        "keeps one under config.tfds_data_dir's vocabularies/)")):
+      data.load_vocabulary(config, workdir)
 
 
 def test_other_hosts_wait_for_process_0_then_give_up_naming_the_file(tmp_path, monkeypatch):

@@ -16,7 +16,8 @@ import pytest
 from etils import epath
 
 from configs import multi30k as multi30k_config
-from transformer import data, files
+from conftest import error_line
+from transformer import data, files, lock
 from transformer.data import multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +114,17 @@ def test_a_write_that_fails_in_a_bucket_publishes_nothing(emulator_env):
   assert [p.name for p in path.parent.iterdir()] == ['scores.json']
 
 
+def test_a_workdir_in_a_bucket_is_held_by_one_run_at_a_time(emulator_env):
+  workdir = f'{BUCKET}/runs/held'
+  with lock.hold(workdir):
+    result = subprocess.run([sys.executable, 'train.py', '--config=configs/tiny.py',
+                             f'--workdir={workdir}'], cwd=ROOT, env=emulator_env,
+                            capture_output=True, text=True, timeout=600)
+  assert error_line(result).startswith(f'train.py: {workdir} is in use by another run (pid '
+                                       f'{os.getpid()} on host {socket.gethostname()}, started ')
+  assert not epath.Path(f'{workdir}/{lock.LOCK_FILE}').exists()  # released: removed
+
+
 @pytest.mark.slow
 def test_a_run_in_a_bucket_trains_resumes_evaluates_translates_and_averages(emulator_env):
   data, workdir = f'{BUCKET}/data', f'{BUCKET}/runs/tiny'
@@ -127,6 +139,7 @@ def test_a_run_in_a_bucket_trains_resumes_evaluates_translates_and_averages(emul
   for name in ('config.json', 'vocab/sentencepiece.model', 'checkpoints/20', 'checkpoints/40'):
     assert epath.Path(f'{workdir}/{name}').exists(), name
   assert list(epath.Path(f'{workdir}/tensorboard').iterdir())
+  assert not epath.Path(f'{workdir}/{lock.LOCK_FILE}').exists()  # released at the end
 
   # The resumed run goes on from step 40; metrics.jsonl keeps the first run's rows.
   resumed = run(emulator_env, *train, '--config.num_train_steps=60')

@@ -259,8 +259,26 @@ def read_stored(path: epath.Path) -> dict:
   return with_added_keys(stored)
 
 
+def as_stored_fix(message: str, path: str) -> str:
+  """`message` with its fix said as an edit of the run's config.json at `path` where it says
+  `--config.KEY=VALUE`: for the commands that read a run's config (eval.py, translate.py), which
+  take no --config."""
+  return re.sub(r'(?:pass (?:it as |e\.g\. )?|use |e\.g\. )?--config\.([\w.]+)=(\S+)',
+                lambda match: f'set "{match[1]}" to {match[2]} in {path}', message)
+
+
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
-  """The validated config.json that train.py wrote in `workdir`."""
-  return validate(ml_collections.ConfigDict(read_stored(epath.Path(workdir) / 'config.json')))
+  """The validated config.json that train.py wrote in `workdir`.
+
+  Raises:
+    ConfigError: it is missing, unreadable, or holds a value this version refuses; the message
+      names the file.
+  """
+  path = epath.Path(workdir) / 'config.json'
+  try:
+    return validate(ml_collections.ConfigDict(read_stored(path)))
+  except ConfigError as error:
+    message = as_stored_fix(str(error), path)
+    raise ConfigError(message if str(path) in message else f'{path}: {message}') from None
 
 

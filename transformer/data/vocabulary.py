@@ -126,14 +126,19 @@ def load_or_train_vocabulary(config: ml_collections.ConfigDict, workdir: str,
 def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabulary:
   """The vocabulary train.py stored in `<workdir>/vocab/`."""
   path = os.path.join(workdir, MODEL_FILE)
+  damaged = (f'{path} is damaged: SentencePiece cannot read it; restore it from a copy (train.py '
+             "keeps one under config.tfds_data_dir's vocabularies/)")
   try:
     vocab = Vocabulary(epath.Path(path).read_bytes())
   except FileNotFoundError:
     raise DataError(f'{path} not found: --workdir must be a directory train.py wrote') from None
   except RuntimeError:  # SentencePiece's parse error: a C++ source line, nothing about the file
-    raise DataError(f'{path} is damaged: SentencePiece cannot read it; restore it from a copy '
-                    "(train.py keeps one under config.tfds_data_dir's vocabularies/)") from None
+    raise DataError(damaged) from None
+  if vocab.vocab_size == 0:  # an empty file, which SentencePiece reads as no pieces
+    raise DataError(damaged)
   if vocab.vocab_size != config.vocab_size:
+    # train.py refuses another vocab_size before: the workdir's files disagree.
     raise DataError(f'{path} has {vocab.vocab_size} pieces but config.vocab_size='
-                    f'{config.vocab_size}; use {vocab.vocab_size} or a new --workdir')
+                    f'{config.vocab_size} in the run\'s config.json: they are of other runs; '
+                    'restore the run\'s own copies, or train in a new --workdir')
   return vocab
