@@ -291,6 +291,16 @@ def test_a_runs_config_that_this_version_refuses_is_named_with_a_fix_in_it(workd
       f'"test_files" to data/test.{{lang}}.gz in {run}/config.json ({{lang}} = a language code)')
 
 
+def test_a_line_of_thousands_of_words_is_cut_to_what_the_model_takes_and_named(workdir):
+  long = ' '.join(['ab cd ef'] * 2000)
+  result = run_script('translate.py', f'--workdir={workdir}', stdin=f'\nab cd\n{long}\n')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r'1 input line\(s\) have more than 16 tokens \(with EOS\), the most '
+                   r'config.max_length lets through: line 3 \(\d+ tokens\); each is translated '
+                   r'from its first 16 tokens only', result.stderr), result.stderr[-3000:]
+  assert len(result.stdout.splitlines()) == 3
+
+
 def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
   bad, good = tmp_path / 'bad.txt', tmp_path / 'good.txt'
   bad.write_bytes(b'A man.\n\xff\xfe dog\n')

@@ -117,26 +117,27 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
       np.testing.assert_array_equal(np.trim_zeros(got, 'b'), np.trim_zeros(want, 'b'))
 
 
-def test_sources_too_long_for_learned_positions_get_one_clear_error(tmp_path):
-  config = tiny.get_config()
-  config.model.update(positional_encoding='learned', max_positions=24)
-  config.decode_extra_length = 8  # sources of up to 16 tokens with EOS fit
-  config = config_lib.validate(config)
+def test_a_line_longer_than_the_model_takes_is_cut_with_a_warning_naming_it(tmp_path, caplog):
+  config = config_lib.validate(tiny.get_config())
+  limit = config.max_length
   vocab = data.load_or_train_vocabulary(config, str(tmp_path))
-  params = jax_utils.replicate(
-      train_step.initial_state(config).params)
+  params = jax_utils.replicate(train_step.initial_state(config).params)
   translator = translate.Translator(config, vocab, beam_size=2, alpha=0.6)
-  short = data.split_texts(config, 'validation')[0][:3]
-  lengths = [len(vocab.encode(s)) + 1 for s in short]
-  assert max(lengths) <= 16
-  long = ' '.join(short * 4)
-  assert len(vocab.encode(long)) + 1 > 16
-  assert len(translator.translate(params, short)) == 3
-  with pytest.raises(data.DataError) as error:
-    translator.translate(params, short + [long, long])
-  assert str(error.value).startswith(
-      f'input line 4 has {len(vocab.encode(long)) + 1} tokens (with EOS), and 2 line(s) in all '
-      'have more than 16: the model\'s learned positions (model.max_positions=24)')
+  short = data.split_texts(config, 'validation')[0][:2]
+  long = ' '.join(short * 2000)  # thousands of tokens
+  tokens = len(vocab.encode(long)) + 1
+  began = time.time()
+  with caplog.at_level('WARNING'):
+    translations = translator.translate(params, ['', short[0], long, long + ' ' + short[1]])
+  assert time.time() - began < 60
+  assert [record.getMessage() for record in caplog.records] == [
+      f'2 input line(s) have more than {limit} tokens (with EOS), the most config.max_length '
+      f'lets through: line 3 ({tokens} tokens), line 4 ({tokens + len(vocab.encode(short[1]))} '
+      f'tokens); each is translated from its first {limit} tokens only: split such lines into '
+      'sentences']
+  # Only the first tokens count: lines that share them translate alike, in short programs.
+  assert translations[0] == '' and translations[2] == translations[3]
+  assert max(length for _, length in translator.programs.compiled) <= max(limit, LENGTH_STEP)
 
 
 def test_progress_is_a_bar_on_a_terminal(monkeypatch):

@@ -237,10 +237,10 @@ class _Evaluator:
           yield self.eval_programs, (self._loss_key(batch), packed_params, batch)
       for split in bleu_splits:
         try:
-          searches = self.translator.search_programs(params, self._texts(split)[0])
+          sources = self._texts(split)[0]
         except data.DataError:
           continue  # `bleu` reports it when it gets there
-        for args in searches:
+        for args in self.translator.search_programs(params, sources):
           yield self.translator.programs, args
 
     self.ahead.start(programs_and_args(), 'evaluation programs')
@@ -292,9 +292,6 @@ class _Evaluator:
     logging.info('translating %s (%d sentences) at step %d', split, len(sources), step)
     try:
       hypotheses = self.translator.translate(params, sources, stop=stop)
-    except data.DataError as error:  # a sentence too long for learned positions
-      logging.warning('no BLEU on %s: %s', split, error)
-      return True
     except translate.Interrupted as error:
       logging.info('%s BLEU at step %d: %s', split, step, error)
       return False

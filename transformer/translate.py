@@ -93,9 +93,10 @@ class Translator:
     self.devices = jax.local_device_count()
     # Source tokens per device and call: beam_size hypotheses of each sentence share the budget.
     self.tokens_per_device = max(implementations.decode_batch_tokens // beam_size, LENGTH_STEP)
-    # Learned positions end at max_positions; past it their lookup gives NaN embeddings.
-    self.max_source_tokens = (config.model.max_positions - config.decode_extra_length
-                              if config.model.positional_encoding == 'learned' else None)
+    # Longer sources are cut to this: the model learned from none longer, a line of thousands
+    # of words would take minutes (its compiled shape and output as long), and learned
+    # positions cover no more (config.validate).
+    self.max_source_tokens = config.max_length
 
     def search(params, sources):
       return decode.beam_search(model_config, params, sources, beam_size=beam_size, alpha=alpha,
@@ -115,20 +116,27 @@ class Translator:
   def _search_args(self, params, rows: int, length: int):
     return (rows, length), params, jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
 
-  def _plan(self, sentences: list[str]):
-    """The sentences' ids and the beam-search calls that translate them (`decode_batches`)."""
+  def _plan(self, sentences: list[str], line_numbers: list[int] | None = None):
+    """The sentences' ids, cut to max_source_tokens (a warning names the lines cut, by their
+    `line_numbers`, if given), and the beam-search calls that translate them
+    (`decode_batches`)."""
     encoded = self.vocab.encode_batch(sentences, add_eos=True)
-    self._check_lengths(encoded)
+    too_long = [i for i, ids in enumerate(encoded) if len(ids) > self.max_source_tokens]
+    if too_long and line_numbers is not None:
+      logging.warning(
+          '%d input line(s) have more than %d tokens (with EOS), the most config.max_length lets '
+          'through: line %s; each is translated from its first %d tokens only: split such lines '
+          'into sentences', len(too_long), self.max_source_tokens,
+          ', line '.join(f'{line_numbers[i]} ({len(encoded[i])} tokens)' for i in too_long[:5]) +
+          (', ...' if len(too_long) > 5 else ''), self.max_source_tokens)
+    for i in too_long:
+      encoded[i] = encoded[i][:self.max_source_tokens - 1] + encoded[i][-1:]  # and its EOS
     return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
                                    self.devices * jax.process_count())
 
   def search_programs(self, params, sentences: list[str]) -> list[tuple]:
     """The arguments of `programs.lower` and `programs.get` for each beam search that
-    translating `sentences` takes, one per shape: what compiling them ahead needs.
-
-    Raises:
-      DataError: as `translate`.
-    """
+    translating `sentences` takes, one per shape: what compiling them ahead needs."""
     shapes = dict.fromkeys((rows, length) for _, rows, length in self._plan(sentences)[1])
     return [self._search_args(params, rows, length) for rows, length in shapes]
 
@@ -145,28 +153,31 @@ class Translator:
 
     Returns:
       One translation per sentence, in input order; an empty one for an empty or blank sentence,
-      which the model would otherwise translate as a sentence of its own.
+      which the model would otherwise translate as a sentence of its own. A sentence of more
+      than `max_source_tokens` is translated from its first ones, with a warning naming its line.
 
     Raises:
-      DataError: a sentence is longer than learned positions cover; the message names its line.
       Interrupted: `stop` returned True.
     """
-    blank = [not sentence.strip() for sentence in sentences]
-    outputs = iter(self.search(params, [s for s, b in zip(sentences, blank) if not b], progress,
-                               stop))
-    return ['' if b else self.vocab.decode(next(outputs)) for b in blank]
+    kept = [number for number, sentence in enumerate(sentences, 1) if sentence.strip()]
+    outputs = iter(self.search(params, [sentences[number - 1] for number in kept], progress,
+                               stop, line_numbers=kept))
+    kept = set(kept)
+    return [self.vocab.decode(next(outputs)) if number in kept else ''
+            for number in range(1, len(sentences) + 1)]
 
-  def search(self, params, sentences: list[str], progress: bool = False,
-             stop=None) -> list[np.ndarray]:
+  def search(self, params, sentences: list[str], progress: bool = False, stop=None,
+             line_numbers: list[int] | None = None) -> list[np.ndarray]:
     """The beam search's best output ids of each sentence (EOS, then padding, end them); the
-    arguments are `translate`'s.
+    arguments are `translate`'s, and the sentences' `line_numbers` in the input (default: 1,
+    2, ...) for the warning about lines cut.
 
     On several hosts every host passes all the sentences and gets all the outputs back, but each
     call is split over every host's devices: a host translates only its part of it. The hosts
     make the same calls in the same order (the pmapped search spans them all), so `stop` must
     agree across hosts.
     """
-    encoded, calls = self._plan(sentences)
+    encoded, calls = self._plan(sentences, line_numbers or list(range(1, len(sentences) + 1)))
     hosts, host = jax.process_count(), jax.process_index()
     outputs_of = [None] * len(sentences)
 
@@ -215,19 +226,6 @@ class Translator:
     for indices, rows, _ in calls:  # where a sentence sits in its call says whose it was
       owner[indices] = np.arange(len(indices)) // (rows * self.devices)
     return list(everyone[owner, np.arange(len(outputs_of))])
-
-  def _check_lengths(self, encoded: list[list[int]]):
-    if self.max_source_tokens is None:
-      return
-    too_long = [i for i, ids in enumerate(encoded) if len(ids) > self.max_source_tokens]
-    if too_long:
-      first = too_long[0]
-      raise data.DataError(
-          f'input line {first + 1} has {len(encoded[first])} tokens (with EOS), and '
-          f'{len(too_long)} line(s) in all have more than {self.max_source_tokens}: the model\'s '
-          f'learned positions (model.max_positions={self.config.model.max_positions}) cover a '
-          f'source and its output of up to decode_extra_length={self.config.decode_extra_length} '
-          'more tokens; split those lines into shorter sentences')
 
 
 def define_decoding_flags():
