@@ -320,20 +320,21 @@ from absl import logging
 from transformer import files, trainer
 from transformer.data import vocabulary
 
+workdir, phase = sys.argv[1:3]
+
 def long_call(*args, **kwargs):
-  with files.open_atomically(os.path.join(sys.argv[1], 'half_written')) as f:
+  with files.open_atomically(os.path.join(workdir, 'half_written')) as f:
     f.write(b'half')
     logging.info('a long call begins')
     hashlib.pbkdf2_hmac('sha256', b'', b'', 2**31 - 1)
 
-phase = sys.argv[2]
 if phase == 'preparing':  # the vocabulary's training
   vocabulary.load_or_train_model = long_call
 elif phase == 'compiling':  # the first step, which compiles it
   trainer._OptimizerStep.__call__ = long_call
 else:  # the closing BLEU
   trainer._Evaluator.bleu = long_call
-sys.argv = ['train.py', '--config=configs/tiny.py', f'--workdir={sys.argv[1]}', *sys.argv[3:]]
+sys.argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', *sys.argv[3:]]
 runpy.run_path('train.py', run_name='__main__')
 """
 
@@ -354,6 +355,7 @@ def test_a_signal_while_there_is_nothing_to_save_ends_the_run_at_once(tmp_path, 
     seen.append(line)
     if 'a long call begins' in line:
       break
+  writing = [name for name in os.listdir(workdir) if name.startswith('half_written.tmp-')]
   process.send_signal(signal.SIGTERM)
   signalled = time.time()
   try:
@@ -364,6 +366,7 @@ def test_a_signal_while_there_is_nothing_to_save_ends_the_run_at_once(tmp_path, 
   assert time.time() - signalled < 5, stderr[-3000:]
   assert f'SIGTERM: {said}' in stderr
   # The write under way left nothing: neither the file nor its temporary.
+  assert writing, stderr[-3000:]
   assert not [name for name in os.listdir(workdir) if name.startswith('half_written')]
   if phase == 'evaluating':
     assert Checkpoints(workdir).all_steps() == [2]
