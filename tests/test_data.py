@@ -173,8 +173,12 @@ def test_vocabulary_is_trained_once_kept_beside_the_data_and_copied_to_each_work
   with pytest.raises(data.DataError, match='has 320 pieces but config.vocab_size=400'):
     data.load_or_train_vocabulary(config, workdir)
   damaged = tmp_path / 'run' / 'vocab' / 'sentencepiece.model'
-  for content in (first.model_proto[:100], b''):  # cut; empty
-    damaged.write_bytes(content)
+  for content in (first.model_proto[:100], b'', None):  # cut; empty; a directory in its place
+    if content is None:
+      damaged.unlink()
+      damaged.mkdir()
+    else:
+      damaged.write_bytes(content)
     with pytest.raises(data.DataError, match=re.escape(
         f'{damaged} is damaged: SentencePiece cannot read it; restore it from a copy (train.py '
         "keeps one under config.tfds_data_dir's vocabularies/)")):

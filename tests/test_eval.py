@@ -123,6 +123,14 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(written), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_array_equal(a, b)
   assert data.load_vocabulary(config, out).vocab_size == config.vocab_size
+  # A directory that holds checkpoints, the run's own included, is refused before any is read.
+  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  for existing in (out, workdir):
+    assert error_line(run_script('average_checkpoints.py', f'--workdir={workdir}',
+                                 f'--output_dir={existing}')) == (
+        f'average_checkpoints.py: {existing}/checkpoints already holds checkpoints; choose a new '
+        'directory')
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
 
 
 def test_translate_command_reads_stdin(workdir, tmp_path):

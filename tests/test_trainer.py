@@ -466,6 +466,31 @@ def test_a_workdir_that_cannot_be_a_directory_is_named(tmp_path):
   assert os.listdir(tmp_path) == ['file']
 
 
+@pytest.mark.parametrize('in_the_way, message', [
+    ('run.lock/', "--workdir: WORKDIR/run.lock cannot be made the run's lock (Is a directory); "
+     'move it away'),
+    ('metrics.jsonl/', '--workdir: WORKDIR/metrics.jsonl is a directory; give another path, or '
+     'move it away'),
+    ('checkpoints', '--workdir: WORKDIR/checkpoints is a file where train.py keeps a directory; '
+     'move it away'),
+    ('tensorboard', '--workdir: WORKDIR/tensorboard is a file where train.py keeps a directory; '
+     'move it away'),
+])
+def test_a_workdir_with_a_file_where_a_directory_goes_or_back_is_named_first(tmp_path,
+                                                                            in_the_way, message):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  if in_the_way.endswith('/'):
+    (workdir / in_the_way).mkdir()
+  else:
+    (workdir / in_the_way).write_text('')
+  with pytest.raises(DirectoryError, match=re.escape(message.replace('WORKDIR', str(workdir)))):
+    train_in_process(str(workdir))
+  assert os.listdir(workdir) == [in_the_way.rstrip('/')]  # nothing written
+  with pytest.raises(DirectoryError, match='^--workdir is empty; give a directory path$'):
+    train_in_process('')  # not the working directory
+
+
 def test_a_workdir_that_takes_no_file_is_named_before_anything_is_written():
   with pytest.raises(DirectoryError, match=re.escape(
       '--workdir: /sys takes no new file (Permission denied); give a directory you can write to')):

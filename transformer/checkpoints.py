@@ -85,6 +85,9 @@ class Checkpoints:
     keep: how many of the newest scheduled checkpoints to keep; None keeps all.
     scheduled: whether a step is on the run's schedule (`on_schedule`); None: every step.
     read_only: only read: nothing is made or removed (a run may be writing them).
+
+  Raises:
+    CheckpointError: `<workdir>/checkpoints` cannot be a directory (a file in its place).
   """
 
   def __init__(self, workdir: str, keep: int | None = None, scheduled=None,
@@ -92,12 +95,16 @@ class Checkpoints:
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
     self.directory = os.path.join(files.absolute(workdir), CHECKPOINTS_DIR)
     self.keep, self.scheduled = keep, scheduled or (lambda step: True)
-    self.manager = ocp.CheckpointManager(
-        self.directory, item_names=(STATE, META, LAYOUT),
-        # A writer removes the temporary directories of a save that failed or was cut short.
-        options=ocp.CheckpointManagerOptions(
-            create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
-            enable_async_checkpointing=True))
+    try:
+      self.manager = ocp.CheckpointManager(
+          self.directory, item_names=(STATE, META, LAYOUT),
+          # A writer removes the temporary directories of a save that failed or was cut short.
+          options=ocp.CheckpointManagerOptions(
+              create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
+              enable_async_checkpointing=True))
+    except OSError as error:  # a file in its place; no permission
+      raise CheckpointError(f'{self.directory} cannot be read as a directory of checkpoints '
+                            f'({error.strerror or error}); move it away') from None
     # Orbax's asynchronous save still blocks its caller while it copies the state and makes the
     # checkpoint's directories, so saves start on a thread of their own. Several
     # processes save from the main thread, where Orbax's barriers keep them in step.
@@ -416,15 +423,24 @@ def write_average(workdir: str, output_workdir: str, config, last: int) -> list[
   Raises:
     CheckpointError: as `load_params`, or `output_workdir` holds checkpoints already.
   """
+  existing = Checkpoints(output_workdir, read_only=True)  # a writer would tidy a run's files
+  try:
+    if existing.all_steps():
+      raise CheckpointError(f'{existing.directory} already holds checkpoints; choose a new '
+                            'directory')
+  finally:
+    existing.close()
   params, steps = load_params(workdir, config, last)
   source = Checkpoints(workdir, read_only=True)
-  newest, meta = source.restore(steps[-1], state_shapes(config))
-  source.close()
+  try:
+    newest, meta = source.restore(steps[-1], state_shapes(config))
+  finally:
+    source.close()
   target = Checkpoints(output_workdir)
-  if target.all_steps():
-    raise CheckpointError(f'{target.directory} already holds checkpoints; choose a new directory')
-  target.save(steps[-1], {'params': params, 'opt_state': newest['opt_state']},
-              dict(meta, averaged_steps=steps))
-  target.wait()
-  target.close()
+  try:
+    target.save(steps[-1], {'params': params, 'opt_state': newest['opt_state']},
+                dict(meta, averaged_steps=steps))
+    target.wait()
+  finally:
+    target.close()
   return steps

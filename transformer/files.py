@@ -2,6 +2,7 @@
 reader never sees half of one."""
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -52,6 +53,8 @@ def make_directory(path: str, given_by: str):
   Raises:
     DirectoryError: a file is in the way, or no permission; the message says which.
   """
+  if not os.fspath(path):  # '' would be the working directory
+    raise DirectoryError(f'{given_by} is empty; give a directory path')
   try:
     epath.Path(path).mkdir(parents=True, exist_ok=True)
   except OSError as error:
@@ -82,7 +85,7 @@ def made_for_the_block(path: str, given_by: str):
 def _unwritable(path: str, error: OSError) -> DirectoryError:
   """The one-line error of a write to `path` that failed: why, and the space left there."""
   why = error.strerror or str(error)
-  if not is_remote(path):
+  if error.errno in (errno.ENOSPC, errno.EDQUOT) and not is_remote(path):
     try:
       why += f'; {shutil.disk_usage(os.path.dirname(path)).free / 2**20:.2f} MiB free there'
     except OSError:

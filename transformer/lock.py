@@ -110,9 +110,14 @@ def hold(workdir: str):
   Raises:
     LockedError: another run holds it; the message names that run (host, pid, start) and what
       to do.
+    files.DirectoryError: the lock file cannot be made (a directory in its place, no permission).
   """
   path = epath.Path(workdir) / LOCK_FILE
-  lock = (_ObjectLock if files.is_remote(workdir) else _KernelLock)(path, workdir)
+  try:
+    lock = (_ObjectLock if files.is_remote(workdir) else _KernelLock)(path, workdir)
+  except OSError as error:
+    raise files.DirectoryError(f'--workdir: {path} cannot be made the run\'s lock '
+                               f'({error.strerror or error}); move it away') from None
   try:
     yield
   finally:

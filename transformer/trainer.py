@@ -31,7 +31,8 @@ from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, o
                                     state_shapes)
 from transformer.data import vocabulary
 from transformer.kernels import choice, compile_ahead, packing
-from transformer.files import check_writable, stop_writing, write_atomically
+from transformer.files import (DirectoryError, check_writable, make_directory, stop_writing,
+                               write_atomically)
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
@@ -434,9 +435,22 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   # The implementations are chosen first: a config this machine cannot run leaves the workdir as
   # it was.
   steps = train_step.StepFunctions(config, choice.for_this_machine(config))
-  check_writable(os.path.join(workdir, 'config.json'), '--workdir')
+  make_directory(workdir, '--workdir')
+  _check_workdir(workdir)
   with _sole_run(workdir):
     _train(config, workdir, steps)
+
+
+def _check_workdir(workdir: str):
+  """Fails before the work where the run's files cannot be written: a read-only disk, a
+  directory where a file goes, or the other way round."""
+  for name in ('config.json', 'metrics.jsonl'):
+    check_writable(os.path.join(workdir, name), '--workdir')
+  for name in ('tensorboard', CHECKPOINTS_DIR):
+    path = epath.Path(workdir, name)
+    if path.exists() and not path.is_dir():
+      raise DirectoryError(f'--workdir: {path} is a file where train.py keeps a directory; move '
+                           'it away')
 
 
 @contextlib.contextmanager

@@ -132,7 +132,7 @@ def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabula
     vocab = Vocabulary(epath.Path(path).read_bytes())
   except FileNotFoundError:
     raise DataError(f'{path} not found: --workdir must be a directory train.py wrote') from None
-  except RuntimeError:  # SentencePiece's parse error: a C++ source line, nothing about the file
+  except (OSError, RuntimeError):  # a directory in its place; SentencePiece's parse error
     raise DataError(damaged) from None
   if vocab.vocab_size == 0:  # an empty file, which SentencePiece reads as no pieces
     raise DataError(damaged)
