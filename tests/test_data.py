@@ -735,3 +735,19 @@ def test_a_damaged_gzip_file_is_named_with_the_fix(tmp_path, damage):
     data.read_lines(str(path))
   path.write_bytes(codecs.BOM_UTF8 + b'Ein Mann.\n')  # a byte-order mark is not the first word's
   assert data.read_lines(str(path)) == ['Ein Mann.']
+
+
+def test_a_cut_multi30k_file_is_named_through_tfds_and_nothing_is_prepared(multi30k_dir,
+                                                                           tmp_path):
+  manual_dir = tmp_path / 'multi30k'
+  shutil.copytree(multi30k_dir, manual_dir)
+  whole = (manual_dir / 'val.de.gz').read_bytes()
+  (manual_dir / 'val.de.gz').write_bytes(whole[:len(whole) // 2])
+  config = multi30k.get_config('en-de')
+  config.update(manual_dir=str(manual_dir), tfds_data_dir=str(tmp_path / 'tfds'))
+  with pytest.raises(data.DataError, match=re.escape(
+      f'{manual_dir}/val.de.gz: not a whole gzip file (Compressed file ended before the '
+      'end-of-stream marker was reached); download or copy it again')):
+    data.load_split(config, 'train')
+  prepared = tmp_path / 'tfds' / 'multi30k_sources'
+  assert [path for path in prepared.rglob('*.array_record*')] == []  # no half a dataset
