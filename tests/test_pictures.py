@@ -151,6 +151,18 @@ def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
   assert np.all(np.triu(weights, 1) == 0)
 
 
+def test_attention_of_a_sentence_longer_than_max_length_is_of_what_was_translated(tiny_run):
+  sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
+  # Both cut to their first 16 tokens (config.max_length), which they share.
+  longer, long = (plots.attention_figures(tiny_run, ' '.join([sentence] * times), None, None,
+                                          None) for times in (300, 20))
+  assert longer[0] == long[0]  # the translation
+  for name, figure in longer[1].items():
+    assert figure.get_suptitle() == long[1][name].get_suptitle()
+  source = [t.get_text() for t in longer[1]['encoder_self_attention'].axes[0].get_xticklabels()]
+  assert len(source) == 16 and source[-1] == '</s>'
+
+
 def test_attention_errors_are_one_line(tiny_run, tmp_path):
   assert error_line(run_script('plot_attention.py', f'--workdir={tiny_run}',
                                '--sentence= ')) == (

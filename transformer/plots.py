@@ -215,7 +215,8 @@ def attention_figures(workdir: str, sentence: str, average_last: int | None,
   """(the translation, {picture name: figure}) of `sentence` with the run in `workdir`."""
   translator, replicated, config, _ = translate.load(workdir, average_last, beam_size, alpha)
   (row,) = translator.search(replicated, [sentence])
-  source_ids = translator.vocab.encode(sentence) + [data.EOS_ID]
+  (source_ids,) = translator.encode([sentence])  # as the search took it: cut to max_length
+  sentence = translator.vocab.decode(source_ids)
   target_ids = output_ids(row)
   # XLA's attention, which can hand out its weights; cuDNN's fused kernel never forms them.
   model_config = config_lib.model_config(config)

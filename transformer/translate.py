@@ -116,10 +116,9 @@ class Translator:
   def _search_args(self, params, rows: int, length: int):
     return (rows, length), params, jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
 
-  def _plan(self, sentences: list[str], line_numbers: list[int] | None = None):
-    """The sentences' ids, cut to max_source_tokens (a warning names the lines cut, by their
-    `line_numbers`, if given), and the beam-search calls that translate them
-    (`decode_batches`)."""
+  def encode(self, sentences: list[str], line_numbers: list[int] | None = None):
+    """The ids the model translates each of `sentences` from: its pieces and EOS, cut to
+    max_source_tokens (a warning names the lines cut by their `line_numbers`, if given)."""
     encoded = self.vocab.encode_batch(sentences, add_eos=True)
     too_long = [i for i, ids in enumerate(encoded) if len(ids) > self.max_source_tokens]
     if too_long and line_numbers is not None:
@@ -131,6 +130,12 @@ class Translator:
           (', ...' if len(too_long) > 5 else ''), self.max_source_tokens)
     for i in too_long:
       encoded[i] = encoded[i][:self.max_source_tokens - 1] + encoded[i][-1:]  # and its EOS
+    return encoded
+
+  def _plan(self, sentences: list[str], line_numbers: list[int] | None = None):
+    """The sentences' ids (`encode`) and the beam-search calls that translate them
+    (`decode_batches`)."""
+    encoded = self.encode(sentences, line_numbers)
     return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
                                    self.devices * jax.process_count())
 
