@@ -2,8 +2,10 @@
 in the way, a read-only disk, a write that fails part-way (a full disk, stood in for by a limit on
 file sizes, which fails a write the same way)."""
 
+import errno
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -57,9 +59,13 @@ def test_a_write_that_fails_part_way_leaves_the_file_as_it_was_and_says_why(tmp_
   result = subprocess.run([sys.executable, '-c', _FULL_DISK, path], cwd=ROOT, capture_output=True,
                           text=True, check=True)
   said = result.stdout.splitlines()
-  assert len(said) == 2 and all(re.fullmatch(
-      rf'{re.escape(path)} could not be written \(File too large; [\d.]+ MiB free there\)', line)
-      for line in said), said
+  assert said == [f'{path} could not be written (File too large)'] * 2
   with open(path, encoding='utf-8') as f:
     assert f.read() == 'old\na whole line\n'  # no half line, no half file
   assert os.listdir(tmp_path) == ['metrics.jsonl']  # no temporary file
+  # A full disk's error says how much space is left there.
+  full = files._unwritable(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+  free = shutil.disk_usage(tmp_path).free / 2**20
+  assert re.fullmatch(rf'{re.escape(path)} could not be written \(No space left on device; '
+                      r'([\d.]+) MiB free there\)', str(full))
+  assert abs(float(re.search(r'; ([\d.]+) MiB', str(full))[1]) - free) < 10

@@ -104,7 +104,7 @@ def check_writable(path: str, given_by: str):
 
   Raises:
     DirectoryError: `path` is a directory, or its directory cannot be made or takes no new file
-      (no permission, a read-only or full disk); the message says which.
+      (no permission, a read-only disk); the message says which.
   """
   path = epath.Path(path)
   make_directory(path.parent, given_by)

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 
+from absl import logging
 from etils import epath
 
 from transformer import files
@@ -59,11 +60,13 @@ class _KernelLock:
     self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+      os.ftruncate(self.fd, 0)
+      os.write(self.fd, json.dumps(_holder()).encode('utf-8'))
+    except BaseException as error:
       os.close(self.fd)
-      raise _in_use(workdir, _read(path), 'wait for it to end or stop it') from None
-    os.ftruncate(self.fd, 0)
-    os.write(self.fd, json.dumps(_holder()).encode('utf-8'))
+      if isinstance(error, BlockingIOError):
+        raise _in_use(workdir, _read(path), 'wait for it to end or stop it') from None
+      raise
 
   def release(self):
     os.ftruncate(self.fd, 0)  # names no one; the file stays, as another run may have it open
@@ -94,7 +97,10 @@ class _ObjectLock:
   def _refresh(self):
     while not self.stopped.wait(REFRESH_SECS):
       self.holder['refreshed'] = time.time()
-      files.write_atomically(self.path, json.dumps(self.holder))
+      try:
+        files.write_atomically(self.path, json.dumps(self.holder))
+      except Exception as error:  # a bucket's passing fault: the next minute tries again
+        logging.warning('%s not rewritten: %s', self.path, error)
 
   def release(self):
     self.stopped.set()

@@ -430,6 +430,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
 
   Raises:
     lock.LockedError: another run holds `workdir`; nothing was written.
+    DirectoryError: `workdir` or a file of the run cannot be written (before any is, where that
+      can be known); the message names it.
   """
   config_lib.validate(config)
   # The implementations are chosen first: a config this machine cannot run leaves the workdir as

@@ -164,12 +164,11 @@ class Translator:
     Raises:
       Interrupted: `stop` returned True.
     """
-    kept = [number for number, sentence in enumerate(sentences, 1) if sentence.strip()]
-    outputs = iter(self.search(params, [sentences[number - 1] for number in kept], progress,
-                               stop, line_numbers=kept))
-    kept = set(kept)
-    return [self.vocab.decode(next(outputs)) if number in kept else ''
-            for number in range(1, len(sentences) + 1)]
+    numbers = [number for number, sentence in enumerate(sentences, 1) if sentence.strip()]
+    outputs = dict(zip(numbers, self.search(params, [sentences[n - 1] for n in numbers], progress,
+                                            stop, line_numbers=numbers)))
+    return [self.vocab.decode(outputs[n]) if n in outputs else ''
+            for n in range(1, len(sentences) + 1)]
 
   def search(self, params, sentences: list[str], progress: bool = False, stop=None,
              line_numbers: list[int] | None = None) -> list[np.ndarray]:
