@@ -13,9 +13,8 @@ import os
 import sys
 
 from absl import app, flags
-from etils import epath
 
-from transformer import checkpoints, commands, files
+from transformer import checkpoints, commands, data, files
 from transformer import config as config_lib
 from transformer.data import vocabulary
 
@@ -33,18 +32,19 @@ def main(argv):
   output_dir = _OUTPUT_DIR.value
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
+    vocab = data.load_vocabulary(config, _WORKDIR.value)
     with files.made_for_the_block(output_dir, '--output_dir'):
       files.check_writable(os.path.join(output_dir, 'config.json'), '--output_dir')
       last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
       steps = checkpoints.write_average(_WORKDIR.value, output_dir, config, last)
       averaged_config = json.loads(config.to_json())
       averaged_config['average_last'] = 1
-      files.write_atomically(os.path.join(output_dir, vocabulary.MODEL_FILE),
-                             epath.Path(_WORKDIR.value, vocabulary.MODEL_FILE).read_bytes())
+      files.write_atomically(os.path.join(output_dir, vocabulary.MODEL_FILE), vocab.model_proto)
       # Last: a config.json makes the directory a workdir other commands read.
       files.write_atomically(os.path.join(output_dir, 'config.json'),
                              json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
-  except (config_lib.ConfigError, checkpoints.CheckpointError, files.DirectoryError) as error:
+  except (config_lib.ConfigError, checkpoints.CheckpointError, data.DataError,
+          files.DirectoryError) as error:
     sys.exit(f'average_checkpoints.py: {error}')
   print(f'averaged steps {steps} into {output_dir}')
 
