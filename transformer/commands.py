@@ -1,6 +1,6 @@
-"""What the commands (train.py, eval.py, translate.py, ...) do before the library runs: read
-their flags, with the --config file flag's mistakes as one line, and set up JAX for the run (its
-XLA flags, its compilation cache). The library itself touches neither.
+"""What the commands (train.py, eval.py, translate.py, ...) do around the library: read their
+flags, with the --config file flag's mistakes as one line, set up JAX for the run (its XLA flags,
+its compilation cache), and end a Ctrl-C in one line. The library itself touches none of these.
 """
 
 import os
