@@ -43,12 +43,14 @@ def _map_param_trees(fn, tree, structure):
   return jax.tree_util.tree_map(lambda x: fn(x) if matches(x) else x, tree, is_leaf=matches)
 
 
-def pack_state(state):
-  """A flax TrainState `state` (host arrays) as the steps take it: the parameters, and each tree
-  of the optimizer's state shaped as them (Adam's moments), as one vector per dtype (`pack`)."""
+def pack_state(state, xp=np):
+  """A flax TrainState `state` (host arrays; traced ones with `xp` jax.numpy) as the steps take
+  it: the parameters, and each tree of the optimizer's state shaped as them (Adam's moments), as
+  one vector per dtype (`pack`)."""
   structure = jax.tree_util.tree_structure(state.params)
-  return state.replace(params=pack(state.params),
-                       opt_state=_map_param_trees(pack, state.opt_state, structure))
+  pack_tree = lambda tree: pack(tree, xp)
+  return state.replace(params=pack_tree(state.params),
+                       opt_state=_map_param_trees(pack_tree, state.opt_state, structure))
 
 
 def unpack_state(state, params_like):
