@@ -6,6 +6,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -20,6 +21,7 @@ from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
 from transformer import decode
+import test_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -593,3 +595,51 @@ def test_start_up_notes_each_milestone_and_stops_train_py_in_its_closing_bleu(tm
   assert parts['imports'] > 0.2 and all(secs >= 0 for secs in parts.values())
   table = (tmp_path / 'start_up.md').read_text()
   assert '| tiny |' in table and ' + '.join(map(str, parts.values())) in table
+
+
+def tpu_plan(tmp_path, *args) -> subprocess.CompletedProcess:
+  """benchmarks.tpu_plan as a user runs it, its results in tmp_path/plan.json."""
+  return subprocess.run([sys.executable, '-m', 'benchmarks.tpu_plan', *args, '--name=plan',
+                         f'--results_dir={tmp_path}'], cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+
+
+def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_by_hand(tmp_path):
+  result = tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2')
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / 'plan.json') as f:
+    plan = json.load(f)
+  config = tiny.get_config()
+  assert (plan['chip'], plan['chips'], plan['devices'], plan['hosts']) == ('TPU v5 lite', 4, 4, 1)
+  assert plan['hbm_per_device'] == 16 * 10**9
+  assert "attention='xla'" in plan['implementations']  # none of the GPU kernels on a TPU
+  assert list(plan['programs']) == ['train_step', 'eval_step', 'beam_search']
+  assert all(program['fits'] and program['compile_secs'] > 0 and program['flops'] > 0
+             for program in plan['programs'].values())
+  # float32 parameters; Adam's two moments of each, and two int32 step counts (Adam's and the
+  # schedule's).
+  parameters = test_model.expected_parameter_count(config.vocab_size, 32, 64, 2, 2)
+  assert plan['parameters'] == parameters
+  assert plan['state_bytes'] == {'params': 4 * parameters, 'opt_state': 2 * 4 * parameters + 8}
+  # The train step's arguments: the state (with its int32 step) and the batch, 16 rows of 16
+  # (1024 tokens / 4 devices), of which a TPU lays out each small array in (8, 128) tiles.
+  arrays = 2 * (1 + 2 * config.packing)  # sources, targets (+ segment ids, positions)
+  state = 12 * parameters + 12
+  assert state + arrays * 16 * 16 * 4 <= plan['programs']['train_step']['arguments'] <= (
+      state + arrays * 16 * 128 * 4 + 3 * 512)
+  # XLA's count of the step's FLOPs is near the model FLOPs train.py logs.
+  assert 1 <= plan['compiled_train_flops'] / plan['model_flops'] < 1.6
+
+
+def test_tpu_plan_says_what_to_change_where_a_config_does_not_fit(tmp_path):
+  result = tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
+                    '--config.tokens_per_batch=8000000')
+  assert result.returncode == 1, result.stderr[-3000:]
+  line = result.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(r'benchmarks.tpu_plan: train_step does not fit v5e:2x2: [\d.]+ GiB per '
+                      r'device against [\d.]+ GiB; raise grad_accum_steps to \d+ \(or lower '
+                      r'tokens_per_batch, or take more chips\)', line), line
+  steps = int(re.search(r'grad_accum_steps to (\d+)', line)[1])
+  again = tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
+                   '--config.tokens_per_batch=8000000', f'--config.grad_accum_steps={steps}')
+  assert again.returncode == 0, again.stderr[-3000:]  # the advice is enough
