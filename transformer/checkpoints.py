@@ -13,7 +13,6 @@ import logging as std_logging
 import math
 import os
 import re
-import shutil
 import sys
 
 import jax
@@ -285,8 +284,8 @@ class Checkpoints:
     if code := re.search(r"os_error_code='(\d+)'", reason):  # TensorStore's message ends with it
       reason = os.strerror(int(code.group(1)))
     space = f'a checkpoint takes {size / 2**20:.2f} MiB'
-    if not files.is_remote(self.directory):
-      space += f', {shutil.disk_usage(self.directory).free / 2**20:.2f} MiB are free there'
+    if (free := files.free_mib(self.directory)) is not None:
+      space += f', {free:.2f} MiB are free there'
     written = [s for s in self.manager.all_steps() if s != step]
     kept = (f'the latest checkpoint, step {written[-1]}, is whole' if written else
             'no checkpoint was written before it')

@@ -82,14 +82,22 @@ def made_for_the_block(path: str, given_by: str):
     raise
 
 
+def free_mib(directory: str) -> float | None:
+  """The MiB free on a local directory's disk; None in a bucket or where it cannot be read."""
+  if is_remote(directory):
+    return None
+  try:
+    return shutil.disk_usage(directory).free / 2**20
+  except OSError:
+    return None
+
+
 def _unwritable(path: str, error: OSError) -> DirectoryError:
   """The one-line error of a write to `path` that failed: why, and the space left there."""
   why = error.strerror or str(error)
-  if error.errno in (errno.ENOSPC, errno.EDQUOT) and not is_remote(path):
-    try:
-      why += f'; {shutil.disk_usage(os.path.dirname(path)).free / 2**20:.2f} MiB free there'
-    except OSError:
-      pass
+  free = free_mib(os.path.dirname(path))
+  if error.errno in (errno.ENOSPC, errno.EDQUOT) and free is not None:
+    why += f'; {free:.2f} MiB free there'
   return DirectoryError(f'{path} could not be written ({why})')
 
 
