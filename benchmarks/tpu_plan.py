@@ -41,8 +41,9 @@ from ml_collections import config_flags  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from transformer import commands, decode, model, train_step  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
+from transformer.data import batching  # noqa: E402
 from transformer.kernels import choice, packing  # noqa: E402
-from transformer.translate import LENGTH_STEP  # noqa: E402
+from transformer.translate import LENGTH_STEP, decode_batches  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
                                           lock_config=True)
@@ -88,11 +89,8 @@ def batch_shapes(config, devices: int) -> tuple[dict, int]:
   tokens_per_batch / (devices * grad_accum_steps) tokens per side."""
   tokens = config.tokens_per_batch // (devices * config.grad_accum_steps)
   rows = -(-tokens // config.max_length)
-  names = ['sources', 'targets'] + (['source_segment_ids', 'source_positions',
-                                     'target_segment_ids', 'target_positions']
-                                    if config.packing else [])
   shape = jax.ShapeDtypeStruct((devices, rows, config.max_length), np.int32)
-  return {name: shape for name in names}, rows
+  return {name: shape for name in batching.batch_names(config.packing)}, rows
 
 
 def replicated(tree, devices: int):
@@ -144,24 +142,25 @@ def plan(config, topology: str) -> dict:
   encoder, decoder = model.parameters_per_token(steps.param_shapes)
   batch, rows = batch_shapes(config, count)
   tokens = rows * config.max_length  # per device and micro-step, each side
-  states, batches = replicated(state, count), batch
+  states = replicated(state, count)
   programs = {}
   if config.grad_accum_steps == 1:
-    programs['train_step'] = compile_program(steps.train_step, devices, (0,), states, batches)
+    programs['train_step'] = compile_program(steps.train_step, devices, (0,), states, batch)
   else:
     micro = jax.ShapeDtypeStruct((count,), np.int32)
-    programs['gradients'] = compile_program(steps.gradients, devices, (), states, batches, micro)
-    accumulated = jax.eval_shape(jax.pmap(steps.gradients, train_step.AXIS), states, batches,
+    programs['gradients'] = compile_program(steps.gradients, devices, (), states, batch, micro)
+    accumulated = jax.eval_shape(jax.pmap(steps.gradients, train_step.AXIS), states, batch,
                                  micro)
-    programs['accumulate'] = compile_program(steps.accumulate, devices, (3,), states, batches,
+    programs['accumulate'] = compile_program(steps.accumulate, devices, (3,), states, batch,
                                              micro, accumulated)
     programs['apply_gradients'] = compile_program(steps.apply_gradients, devices, (0,), states,
                                                   *accumulated)
   model_flops = 6 * (encoder + decoder) * tokens * config.grad_accum_steps
-  programs['eval_step'] = compile_program(steps.eval_step, devices, (), states.params, batches)
-  decode_length = -(-config.max_length // LENGTH_STEP) * LENGTH_STEP
-  decode_rows = 2 ** int(math.log2(max(1, implementations.decode_batch_tokens //
-                                           config.beam_size // decode_length)))
+  programs['eval_step'] = compile_program(steps.eval_step, devices, (), states.params, batch)
+  # A call of max_length sources, as Translator plans it.
+  ((_, decode_rows, decode_length),) = decode_batches(
+      [config.max_length], max(implementations.decode_batch_tokens // config.beam_size,
+                               LENGTH_STEP), 1)
   model_config = config_lib.model_config(config, implementations)
 
   def search(params, sources):

@@ -182,6 +182,12 @@ def all_hosts(local: np.ndarray) -> np.ndarray:
 AllGather = Callable[[np.ndarray], np.ndarray]
 
 
+def batch_names(packed: bool) -> list[str]:
+  """The int32 arrays of a batch: token ids, and with packed rows segment ids and positions."""
+  return ['sources', 'targets'] + (['source_segment_ids', 'source_positions',
+                                    'target_segment_ids', 'target_positions'] if packed else [])
+
+
 class Batches:
   """A split's batches on this host: one plan shared by all hosts, filled from local shards."""
 
@@ -253,11 +259,7 @@ class Batches:
   def fill(self, length: int, device_rows: list[np.ndarray]) -> dict:
     """The [local devices, rows, length] arrays of one batch; rows past a device's own are 0."""
     shape = (len(self.shards), self.rows_per_batch[self.buckets.index(length)], length)
-    names = ['sources', 'targets']
-    if self._segments:
-      names += ['source_segment_ids', 'source_positions', 'target_segment_ids',
-                'target_positions']
-    arrays = {name: np.zeros(shape, np.int32) for name in names}
+    arrays = {name: np.zeros(shape, np.int32) for name in batch_names(self._segments)}
     # Vectorised over rows and pairs: on a GPU the host has a few milliseconds per step for it
     # and the step's dispatch.
     for device, (shard, row_ids) in enumerate(zip(self.shards, device_rows)):
