@@ -5,19 +5,21 @@ a machine without a TPU, before renting one.
   python -m benchmarks.tpu_plan --config=configs/wmt14.py:big,en-de --topology=v4:2x2x4
       [--config.key=value ...] [--name=NAME]
 
-libtpu compiles for a named slice (`jax.experimental.topologies`), as MaxText's train_compile does.
-The programs are train.py's on that slice, pmapped over its devices: the train step (with
-grad_accum_steps > 1, its gradient, accumulation and update programs) at the per-device batch
-that tokens_per_batch, the device count and grad_accum_steps give; the evaluation step on it;
-and beam search at the decode batch (decode_batch_tokens). The implementations are those a TPU
-runs (`kernels.choice`): none of the GPU kernels. Train batches are taken at their longest
-bucket, `max_length`, with rows full of real tokens: the real batches' padding adds some to the
-temporaries. For each program it prints, per device: the parameters and optimizer state, the
-temporaries, the total against the device's share of its chip's memory (HBM, below, from
-Google's pages), the compiled FLOPs against the model FLOPs train.py logs (6 per parameter and
+libtpu compiles for a named slice (`jax.experimental.topologies`), as MaxText's train_compile does,
+laid out as a Cloud TPU VM slice of that shape is: one JAX device per chip, hosts of 4 chips (of 8
+for v5e and v6e slices of up to 8 chips). The programs are train.py's on that slice, pmapped over
+all its devices, as every host runs them: the train step (with grad_accum_steps > 1, its
+gradient, accumulation and update programs) at the per-device batch that tokens_per_batch, the
+device count and grad_accum_steps give; the evaluation step on it; and beam search at the decode
+batch (decode_batch_tokens). The implementations are those a TPU runs (`kernels.choice`): none of
+the GPU kernels. Train batches are taken at their longest bucket, `max_length`, with rows full of
+real tokens: the real batches' padding adds some to the temporaries. For each program it prints,
+per device: the parameters and optimizer state, the temporaries, the total against the memory
+libtpu lets a program take (a little under the chip's HBM, whose size from Google's pages is
+shown beside it), the compiled FLOPs against the model FLOPs train.py logs (6 per parameter and
 token), the tokens, the compile seconds and whether it fits. A program that does not fit ends
-the command with status 1 and a line saying what to change. --name also writes
-benchmarks/results/<name>.{json,md}.
+the command with status 1 and a line saying what to change. --name=NAME also puts the plan in
+benchmarks/results/NAME.{json,md}, a row per config and slice.
 """
 
 import math
@@ -38,23 +40,16 @@ from absl import app, flags  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from benchmarks.measure import write_results  # noqa: E402
+from benchmarks.measure import add_row  # noqa: E402
 from transformer import commands, decode, model, train_step  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
 from transformer.data import batching  # noqa: E402
 from transformer.kernels import choice, packing  # noqa: E402
 from transformer.translate import LENGTH_STEP, decode_batches  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
-                                          lock_config=True)
-_TOPOLOGY = flags.DEFINE_string('topology', None, "A slice's topology, e.g. 'v5e:2x2' (v5e-4), "
-                                "'v4:2x2x4' (v4-32), 'v5p:2x2x2', 'v6e:2x4'.")
-_NAME = flags.DEFINE_string('name', '', 'Write <results_dir>/<name>.{json,md} too.')
-_RESULTS_DIR = flags.DEFINE_string('results_dir', os.path.join(os.path.dirname(__file__),
-                                                               'results'), 'Where --name goes.')
-flags.mark_flags_as_required(['config', 'topology'])
-
-# A chip's memory: device kind -> (bytes, where Google says so).
+FLAGS = flags.FLAGS
+# A chip's memory as Google gives it, for the reader: device kind -> (bytes, where, as written
+# there). What a program may take is libtpu's figure (`available_hbm`), that of a GiB-sized HBM.
 HBM = {
     'TPU v4': (32 * 2**30, 'https://cloud.google.com/tpu/docs/v4 (32 GiB)'),
     'TPU v5 lite': (16 * 10**9, 'https://cloud.google.com/tpu/docs/v5e (16 GB)'),
@@ -62,26 +57,57 @@ HBM = {
     'TPU v6 lite': (32 * 10**9, 'https://cloud.google.com/tpu/docs/v6e (32 GB)'),
 }
 GIB = 2**30
+# libtpu's line for a program over a device's memory; its "temporaries" count the arguments too.
+_OVER = re.compile(r'temporaries \(([\d.]+[KMGT])\) exceeds available HBM \(([\d.]+[KMGT])\)')
+
+
+def _bytes(figure: str) -> int:
+  """libtpu's '15.75G' in bytes."""
+  return round(float(figure[:-1]) * 2**(10 * ' KMGT'.index(figure[-1])))
 
 
 class PlanError(ValueError):
-  """A topology libtpu does not know, or a chip whose memory is not in HBM."""
+  """A topology libtpu does not know."""
 
 
 def slice_of(name: str) -> dict:
-  """The devices of topology `name`, their chip's memory and how many share a chip."""
+  """The devices of topology `name` as JAX sees them on a Cloud TPU VM slice of that shape: one
+  device per chip (v4 and v5p run their chip's two cores as one, "megacore"), and hosts of 8
+  chips for v5e and v6e slices of up to 8 chips, of 4 chips otherwise; the memory a program may
+  take on each device."""
+  generation, _, shape = name.partition(':')
+  options = {}
+  if generation in ('v4', 'v5', 'v5p'):
+    options['chip_config_name'] = 'megacore'
+  sides = [int(side) for side in shape.split('x') if side.isdigit()]
+  if generation in ('v5e', 'v6e') and sides and math.prod(sides) <= 8:
+    options['chips_per_host_bounds'] = (*sides, 1, 1)[:3]
   try:
-    devices = topologies.get_topology_desc(platform='tpu', topology_name=name).devices
+    devices = topologies.get_topology_desc(platform='tpu', topology_name=name, **options).devices
   except Exception as error:  # libtpu's kinds, or no libtpu at all
     raise PlanError(f'--topology={name}: libtpu cannot compile for it ({error}); name one such '
                     "as 'v5e:2x2' or 'v4:2x2x4', with jax[tpu] installed") from None
   kind = devices[0].device_kind
-  if kind not in HBM:
-    raise PlanError(f'--topology={name}: {kind} chips are not in benchmarks/tpu_plan.py\'s HBM '
-                    'table; add their memory there')
-  chips = len({tuple(d.coords) for d in devices})
-  return {'devices': devices, 'kind': kind, 'chips': chips, 'hosts': len(
-      {d.process_index for d in devices}), 'hbm': HBM[kind][0] * chips // len(devices)}
+  return {'devices': devices, 'kind': kind, 'chips': len({tuple(d.coords) for d in devices}),
+          'hosts': len({d.process_index for d in devices}), 'hbm': available_hbm(devices),
+          'hbm_chip': HBM.get(kind, (None, 'not in tpu_plan.HBM'))}
+
+
+def available_hbm(devices) -> int:
+  """The bytes a program may take on each of `devices`, as libtpu says when refusing one that
+  takes more than any chip has."""
+  def too_big(x):  # a sort's operand, 2**10 x 2**27 float32, is a temporary no fusion removes
+    return jnp.sort(x[:, None] + jnp.arange(2**27, dtype=x.dtype), axis=1)[:, -1]
+
+  try:
+    jax.pmap(too_big, devices=devices).lower(
+        jax.ShapeDtypeStruct((len(devices), 2**10), np.float32)).compile()
+  except jax.errors.JaxRuntimeError as error:
+    if over := _OVER.search(str(error)):
+      return _bytes(over[2])
+    raise
+  raise PlanError(f'libtpu compiled a program of {2**39 / GIB:.0f} GiB for '
+                  f'{devices[0].device_kind}: its available memory is unknown')
 
 
 def batch_shapes(config, devices: int) -> tuple[dict, int]:
@@ -109,14 +135,11 @@ def compile_program(function, devices, donate: tuple, *args) -> dict:
     compiled = jax.pmap(function, train_step.AXIS, devices=devices,
                         donate_argnums=donate).lower(*args).compile()
   except jax.errors.JaxRuntimeError as error:
-    needed = re.search(r'temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)',
-                       str(error))
-    if not needed:
+    if not (over := _OVER.search(str(error))):
       raise
-    temporaries, available = (round(float(n) * GIB) for n in needed.groups())
+    total = _bytes(over[1])
     return {'compile_secs': round(time.time() - began, 1), 'flops': 0.0, 'arguments': arguments,
-            'temporaries': temporaries, 'total': arguments + temporaries, 'fits': False,
-            'available': available}
+            'temporaries': total - arguments, 'total': total, 'fits': False}
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
@@ -125,7 +148,10 @@ def compile_program(function, devices, donate: tuple, *args) -> dict:
            memory.generated_code_size_in_bytes)
   return {'compile_secs': round(time.time() - began, 1), 'flops': float(cost.get('flops', 0)),
           'arguments': memory.argument_size_in_bytes, 'temporaries': memory.temp_size_in_bytes,
-          'total': total}
+          'total': total, 'fits': True,  # libtpu refuses what does not fit
+          # Calls out of XLA's own operations (a Pallas kernel is a 'tpu_custom_call').
+          'custom_calls': sorted(set(re.findall(r'custom_call_target="([^"]+)"',
+                                                compiled.as_text())))}
 
 
 def plan(config, topology: str) -> dict:
@@ -170,15 +196,14 @@ def plan(config, topology: str) -> dict:
   programs['beam_search'] = compile_program(
       search, devices, (), replicated(steps.param_shapes, count),
       jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32))
-  for figures in programs.values():
-    figures.setdefault('fits', figures['total'] <= where['hbm'])
   calls_per_update = {'train_step': 1, 'gradients': 1, 'accumulate': config.grad_accum_steps - 1,
                       'apply_gradients': 1}
   train_flops = sum(programs[name]['flops'] * calls for name, calls in calls_per_update.items()
                     if name in programs)
   return {'topology': topology, 'chip': where['kind'], 'chips': where['chips'],
           'devices': count, 'hosts': where['hosts'], 'hbm_per_device': where['hbm'],
-          'hbm_source': HBM[where['kind']][1], 'implementations': str(implementations),
+          'hbm_chip': where['hbm_chip'][0], 'hbm_source': where['hbm_chip'][1],
+          'implementations': str(implementations),
           'state_bytes': state_bytes, 'parameters': sum(
               x.size for x in jax.tree_util.tree_leaves(steps.param_shapes)),
           'train_rows': rows, 'max_length': config.max_length,
@@ -194,9 +219,10 @@ def advice(result: dict, config) -> str | None:
   if not over:
     return None
   name, worst = max(over.items(), key=lambda item: item[1]['total'])
-  hbm = worst.get('available', result['hbm_per_device'])  # libtpu's, where it said
+  hbm = result['hbm_per_device']
   fixed = worst['total'] - worst['temporaries']
-  line = (f'{name} does not fit {result["topology"]}: {worst["total"] / GIB:.2f} GiB per device '
+  line = (f'{name} does not fit {cloud_name(result)} ({result["topology"]}): '
+          f'{worst["total"] / GIB:.2f} GiB per device '
           f'against {hbm / GIB:.2f} GiB')
   if fixed >= hbm:
     return f'{line}; its arguments alone take {fixed / GIB:.2f} GiB: take chips with more memory'
@@ -209,16 +235,27 @@ def advice(result: dict, config) -> str | None:
           'chips)')
 
 
+def cloud_name(plan: dict) -> str:
+  """The slice as Cloud TPU names it: v4 and v5p by TensorCores (2 a chip), v5e and v6e by chips."""
+  generation = plan['topology'].split(':')[0]
+  generation = {'v5': 'v5p'}.get(generation, generation)
+  return f'{generation}-{(2 if generation in ("v4", "v5p") else 1) * plan["chips"]}'
+
+
 def size(n: int) -> str:
+  """`n` bytes, readably."""
   return f'{n / GIB:.2f} GiB' if n >= GIB / 10 else f'{n / 2**20:.1f} MiB'
 
 
-def markdown(result: dict) -> str:
+def details(result: dict) -> str:
+  """One plan in markdown: the slice, the state and batch, a row per program."""
   lines = [
       f'`{result["command"]}`', '',
-      f'{result["topology"]}: {result["chips"]} {result["chip"]} chips, {result["devices"]} '
-      f'devices on {result["hosts"]} host(s), {size(result["hbm_per_device"])} per device '
-      f'({result["hbm_source"]}); {result["implementations"]}',
+      f'{cloud_name(result)} ({result["topology"]}): {result["chips"]} {result["chip"]} chips, '
+      f'{result["devices"]} '
+      f'devices on {result["hosts"]} host(s); a program may take '
+      f'{size(result["hbm_per_device"])} of each device (libtpu; a chip\'s memory: '
+      f'{result["hbm_source"]}); {result["implementations"]}',
       '',
       f'{result["parameters"]:,} parameters and Adam state per device: '
       f'{size(result["state_bytes"]["params"])} + {size(result["state_bytes"]["opt_state"])}. '
@@ -238,21 +275,46 @@ def markdown(result: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def markdown(rows: dict) -> str:
+  """Every plan in `rows` (label -> plan): a line each, then each one's details."""
+  def cell(plan, names):
+    total = max(plan['programs'][name]['total'] for name in names if name in plan['programs'])
+    fits = all(plan['programs'][name]['fits'] for name in names if name in plan['programs'])
+    return f'{size(total)} ({total / plan["hbm_per_device"]:.0%}){"" if fits else ", no"}'
+
+  lines = ['Per device, against what libtpu lets a program take there:', '',
+           '| arguments | slice | chips, hosts | train step | eval step | beam search |',
+           '| --- | --- | --- | --- | --- | --- |']
+  for label, plan in rows.items():
+    lines.append(f'| `{label}` | {cloud_name(plan)} | {plan["chips"]}, {plan["hosts"]} | '
+                 f'{cell(plan, ("train_step", "gradients", "accumulate", "apply_gradients"))} | '
+                 f'{cell(plan, ("eval_step",))} | {cell(plan, ("beam_search",))} |')
+  return '\n'.join(lines + [''] + [details(plan) for plan in rows.values()])
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
-    result = plan(_CONFIG.value, _TOPOLOGY.value)
+    result = plan(FLAGS.config, FLAGS.topology)
     result['command'] = ' '.join(['python -m benchmarks.tpu_plan', *sys.argv[1:]])
   except (config_lib.ConfigError, PlanError) as error:
     sys.exit(f'benchmarks.tpu_plan: {error}')
-  if _NAME.value:
-    write_results(_RESULTS_DIR.value, _NAME.value, result, markdown(result))
+  if FLAGS.name:  # a row per config and slice; a new plan of the same replaces it
+    label = ' '.join(arg for arg in sys.argv[1:] if not arg.startswith(('--name', '--results_dir')))
+    add_row(FLAGS.results_dir, FLAGS.name, label, result, markdown)
   else:
-    print(markdown(result))
-  if line := advice(result, _CONFIG.value):
+    print(details(result))
+  if line := advice(result, FLAGS.config):
     sys.exit(f'benchmarks.tpu_plan: {line}')
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # flags defined here only, so that tests can import the module
+  config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
+  flags.DEFINE_string('topology', None, "A slice's topology, e.g. 'v5e:2x2' (v5e-4), "
+                      "'v4:2x2x4' (v4-32), 'v5p:2x2x2', 'v6e:2x4'.")
+  flags.DEFINE_string('name', '', 'Write <results_dir>/<name>.{json,md} too.')
+  flags.DEFINE_string('results_dir', os.path.join(os.path.dirname(__file__), 'results'),
+                      'Where --name goes.')
+  flags.mark_flags_as_required(['config', 'topology'])
   commands.run(main, 'benchmarks.tpu_plan', config_flag=True)

@@ -2,6 +2,7 @@
 results table, the rounds of timings, a variant's own XLA options, the generated WMT-sized corpus, the
 start-up milestones."""
 
+import ast
 import gzip
 import importlib.util
 import json
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import hlo, profile_step, reproduce_multi30k, wmt_scale, workload
+from benchmarks import hlo, profile_step, reproduce_multi30k, tpu_plan, wmt_scale, workload
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import tiny
@@ -597,23 +598,29 @@ def test_start_up_notes_each_milestone_and_stops_train_py_in_its_closing_bleu(tm
   assert '| tiny |' in table and ' + '.join(map(str, parts.values())) in table
 
 
-def tpu_plan(tmp_path, *args) -> subprocess.CompletedProcess:
-  """benchmarks.tpu_plan as a user runs it, its results in tmp_path/plan.json."""
+def run_tpu_plan(tmp_path, *args) -> subprocess.CompletedProcess:
+  """benchmarks.tpu_plan as a user runs it, its plan the one row of tmp_path/plan.json."""
   return subprocess.run([sys.executable, '-m', 'benchmarks.tpu_plan', *args, '--name=plan',
                          f'--results_dir={tmp_path}'], cwd=ROOT, capture_output=True, text=True,
                         timeout=600)
 
 
 def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_by_hand(tmp_path):
-  result = tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2')
+  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2')
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / 'plan.json') as f:
-    plan = json.load(f)
+    (label, plan), = json.load(f).items()
+  assert label == '--config=configs/tiny.py --topology=v5e:2x2'
   config = tiny.get_config()
   assert (plan['chip'], plan['chips'], plan['devices'], plan['hosts']) == ('TPU v5 lite', 4, 4, 1)
-  assert plan['hbm_per_device'] == 16 * 10**9
+  # Google's 16 GB a chip, of which libtpu lets a program take 15.75 GiB.
+  assert (plan['hbm_chip'], plan['hbm_per_device']) == (16 * 10**9, 15.75 * 2**30)
   assert "attention='xla'" in plan['implementations']  # none of the GPU kernels on a TPU
   assert list(plan['programs']) == ['train_step', 'eval_step', 'beam_search']
+  # XLA's own operations only: no kernel of ours (a Pallas one would be a 'tpu_custom_call', as
+  # the next test shows), no GPU library.
+  assert not [call for program in plan['programs'].values() for call in program['custom_calls']
+              if re.search('tpu_custom_call|mosaic|triton|cudnn|cublas', call, re.I)]
   assert all(program['fits'] and program['compile_secs'] > 0 and program['flops'] > 0
              for program in plan['programs'].values())
   # float32 parameters; Adam's two moments of each, and two int32 step counts (Adam's and the
@@ -632,14 +639,105 @@ def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_
 
 
 def test_tpu_plan_says_what_to_change_where_a_config_does_not_fit(tmp_path):
-  result = tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
+  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
                     '--config.tokens_per_batch=8000000')
   assert result.returncode == 1, result.stderr[-3000:]
   line = result.stderr.strip().splitlines()[-1]
-  assert re.fullmatch(r'benchmarks.tpu_plan: train_step does not fit v5e:2x2: [\d.]+ GiB per '
-                      r'device against [\d.]+ GiB; raise grad_accum_steps to \d+ \(or lower '
-                      r'tokens_per_batch, or take more chips\)', line), line
+  assert re.fullmatch(r'benchmarks.tpu_plan: train_step does not fit v5e-4 \(v5e:2x2\): [\d.]+ '
+                      r'GiB per device against [\d.]+ GiB; raise grad_accum_steps to \d+ \(or '
+                      r'lower tokens_per_batch, or take more chips\)', line), line
   steps = int(re.search(r'grad_accum_steps to (\d+)', line)[1])
-  again = tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
-                   '--config.tokens_per_batch=8000000', f'--config.grad_accum_steps={steps}')
+  again = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
+                       '--config.tokens_per_batch=8000000', f'--config.grad_accum_steps={steps}')
   assert again.returncode == 0, again.stderr[-3000:]  # the advice is enough
+
+
+def test_tpu_plan_lays_slices_out_as_cloud_tpu_vms_have_them():
+  """One JAX device per chip (v4's and v5p's two cores as one), hosts of 4 chips (8 for small
+  v5e and v6e slices), and the memory libtpu lets a program take on each."""
+  script = """if True:
+      import json
+      import jax
+      from jax.experimental import pallas
+      from benchmarks import tpu_plan
+      slices = {name: tpu_plan.slice_of(name) for name in (
+          'v4:2x2x1', 'v4:2x2x4', 'v5p:2x2x2', 'v5e:2x4', 'v5e:4x4', 'v6e:2x4')}
+      def double(x_ref, out_ref):
+        out_ref[...] = 2 * x_ref[...]
+      shape = jax.ShapeDtypeStruct((8, 128), 'float32')
+      kernel = tpu_plan.compile_program(
+          lambda x: pallas.pallas_call(double, out_shape=shape)(x),
+          slices['v5e:2x4']['devices'], (), jax.ShapeDtypeStruct((8, 8, 128), 'float32'))
+      print(json.dumps({'calls': kernel['custom_calls'], **{
+          name: [len(s['devices']), s['chips'], s['hosts'], s['hbm'] / 2**30]
+          for name, s in slices.items()}}))"""
+  result = subprocess.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+      'v4:2x2x1': [4, 4, 1, 30.75], 'v4:2x2x4': [16, 16, 4, 30.75],
+      'v5p:2x2x2': [8, 8, 2, pytest.approx(95.74)], 'v5e:2x4': [8, 8, 1, 15.75],
+      'v5e:4x4': [16, 16, 4, 15.75], 'v6e:2x4': [8, 8, 1, 31.25],
+      'calls': ['tpu_custom_call']}  # a Pallas kernel, as the plans would show one
+
+
+def test_tpu_plan_compiles_the_programs_of_a_slice_of_several_hosts(tmp_path):
+  """v4-32: 16 chips on 4 hosts, each host running the program pmapped over all 16."""
+  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v4:2x2x4')
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / 'plan.json') as f:
+    (plan,) = json.load(f).values()
+  assert (plan['chip'], plan['devices'], plan['hosts']) == ('TPU v4', 16, 4)
+  assert plan['train_rows'] == tiny.get_config().tokens_per_batch // 16 // 16  # rows of 16
+  assert all(program['fits'] for program in plan['programs'].values())
+
+
+def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures():
+  """benchmarks/results/tpu_plan.json's plans, each a line of its config's docstring and a cell
+  of the README's table: the share of a device's memory the largest train program and beam
+  search take. Every program compiled runs XLA's operations only."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'tpu_plan.json')) as f:
+    plans = json.load(f)
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    readme = f.read()
+  checked = set()
+  for label, plan in plans.items():
+    path, _, arg = re.search(r'--config=(\S+)', label)[1].partition(':')
+    checked.add((path, arg))
+    with open(os.path.join(ROOT, path)) as f:
+      docstring = ast.get_docstring(ast.parse(f.read()))
+    shares = {name: max(p['total'] for n, p in plan['programs'].items() if n in names) /
+              plan['hbm_per_device'] for name, names in (
+                  ('train step', ('train_step', 'gradients', 'accumulate', 'apply_gradients')),
+                  ('beam search', ('beam_search',)))}
+    fits = all(p['fits'] for p in plan['programs'].values())
+    line = (f'{arg + " on " if arg else ""}{tpu_plan.cloud_name(plan)}: '
+            f'{"fits" if fits else "does not fit"}; train step {shares["train step"]:.0%}, '
+            f'beam search {shares["beam search"]:.0%}')
+    assert line in docstring, f'{path}: {line!r}'
+    # The README's "check before you rent" row of the config: "v4-32 (4): 18%, 44%".
+    (row,) = [row for row in readme.splitlines() if row.startswith(f'| `{path}{":" * bool(arg)}'
+                                                                   f'{arg}` |')]
+    cell = (f'{tpu_plan.cloud_name(plan)} ({plan["hosts"]}): {shares["train step"]:.0%}, '
+            f'{shares["beam search"]:.0%}')
+    assert cell in row, (cell, row)
+    # What the device runs is XLA's own operations: no kernel (no 'tpu_custom_call').
+    calls = [call for p in plan['programs'].values() if p['fits'] for call in p['custom_calls']]
+    assert not [call for call in calls
+                if re.search('tpu_custom_call|mosaic|triton|cudnn|cublas', call, re.I)], label
+  assert {('configs/default.py', ''), ('configs/wmt14.py', 'big,en-de'),
+          ('configs/wmt14.py', 'base,en-fr'), ('configs/wmt14.py', 'big,en-fr')} <= checked
+
+
+def test_the_readmes_cloud_tpu_launch_is_a_slice_and_config_compiled_for_it():
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    launch = f.read().split('Start all workers at once')[1].split('```sh')[1].split('```')[0]
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'tpu_plan.json')) as f:
+    plans = json.load(f).values()
+  name = re.search(r'--accelerator-type=(\S+)', launch)[1]
+  config = re.search(r'train.py --config=(\S+)', launch)[1]
+  (plan,) = [plan for plan in plans if tpu_plan.cloud_name(plan) == name and
+             f'--config={config} --topology={plan["topology"]} ' in plan['command']]
+  assert all(program['fits'] for program in plan['programs'].values())
+  # Every host runs the command (--worker=all): as many processes as the plan compiled for.
+  assert f'# a {name} slice: {plan["hosts"]} hosts' in launch and '--worker=all' in launch
