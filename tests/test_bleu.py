@@ -1,4 +1,4 @@
-"""Both BLEUs on fixed text against values computed here independently."""
+"""The three BLEUs on fixed text against values computed here independently."""
 
 import collections
 import math
@@ -95,6 +95,35 @@ def test_paper_variant_names_what_was_done():
       'double quotes made ", replace-unicode-punctuation.perl, tokenizer.perl, ##AT## compound '
       'split (hypotheses and references), multi-bleu.perl')
   assert '##AT##' not in bleu.paper_variant(False)
+
+
+def test_lowercase_pipeline_makes_multi30ks_tokenized_files():
+  # Worked by hand: lowercase.perl, normalize-punctuation.perl -l LANG (curly and angle quotes,
+  # ’ and … made ASCII; in English a comma after a closing quote moves inside it), then
+  # tokenizer.perl -l LANG (which escapes " and ', and splits French elisions after the ').
+  assert bleu.lowercase_tokenize(['Ein Schild sagt „Stopp“.', 'Ein Hund rennt…'], 'de') == [
+      'ein schild sagt &quot; stopp &quot; .', 'ein hund rennt ...']
+  assert bleu.lowercase_tokenize(["L'Homme porte un T-shirt « rouge » dans l’herbe."], 'fr') == [
+      'l&apos; homme porte un t-shirt &quot; rouge &quot; dans l&apos; herbe .']
+  assert bleu.lowercase_tokenize(['A man said "Hello", then left.'], 'en') == [
+      'a man said &quot; hello , &quot; then left .']
+
+
+def test_lowercase_bleu_on_fixed_text_worked_by_hand():
+  hypotheses = ['Zwei Hunde spielen im Schnee.', 'Ein Schild sagt „Stopp“.']
+  references = ['zwei Hunde spielen im tiefen Schnee.', 'Ein Schild sagt "Stopp".']
+  # Tokens: 'zwei hunde spielen im schnee .' (6) against 'zwei hunde spielen im tiefen schnee .'
+  # (7): 1-grams 6/6, 2-grams 4/5, 3-grams 2/4, 4-grams 1/3; 'ein schild sagt &quot; stopp
+  # &quot; .' (7) on both sides: 7/7, 6/6, 5/5, 4/4. Corpus: 13/13, 10/11, 7/9, 5/7; 13
+  # hypothesis tokens against 14.
+  by_hand = 100 * math.exp(1 - 14 / 13) * (13 / 13 * 10 / 11 * 7 / 9 * 5 / 7) ** (1 / 4)
+  assert by_hand == pytest.approx(78.06, abs=0.01)
+  assert bleu.lowercase_bleu(hypotheses, references, 'de') == pytest.approx(by_hand, abs=1e-9)
+  # Case and quotes count in the other two: 'Zwei' is not 'zwei', nor „ a '"' to sacreBLEU.
+  assert bleu.sacrebleu_score(hypotheses, references, 'de')[0] < by_hand - 10
+  assert bleu.lowercase_variant('de') == (
+      'lowercase.perl, normalize-punctuation.perl -l de, tokenizer.perl -l de (hypotheses and '
+      "references, as Multi30k's task1-tokenize.sh), multi-bleu.perl")
 
 
 def test_train_py_starts_without_importing_sacremoses():

@@ -1,4 +1,5 @@
-"""BLEU two ways: sacreBLEU on detokenized text, and the paper's tokenized BLEU.
+"""BLEU three ways: sacreBLEU on detokenized text, the paper's tokenized BLEU, and the
+multimodal-translation literature's lowercased BLEU for Multi30k.
 
 The paper's figures come from tensor2tensor's get_ende_bleu.sh: Moses
 replace-unicode-punctuation.perl (“ ” -> ", ’ -> ', … -> ..., full-width forms -> ASCII), Moses
@@ -8,6 +9,11 @@ length). The script normalised the hypotheses only: its reference was tensor2ten
 newstest2014, whose every double quotation mark („ “ ” ...) had been made '"' beforehand
 (tensor2tensor issue #317: up to 1.5 BLEU between the variants). Here both sides get both edits,
 so that a hypothesis equal to its reference scores 100 whatever quotes they hold.
+
+The multimodal-translation literature's Multi30k figures are a third BLEU: multi-bleu.perl on the
+data set's own tokenized files, which Multi30k's scripts/task1-tokenize.sh makes with Moses
+lowercase.perl, normalize-punctuation.perl -l LANG and tokenizer.perl -l LANG (`lowercase_bleu`,
+on both sides).
 """
 
 import re
@@ -54,9 +60,35 @@ def paper_bleu(hypotheses: list[str], references: list[str], lang: str,
   """BLEU as the paper's figures were computed: multi-bleu.perl on the paper's tokenization of
   both sides (see the module docstring and `paper_variant`)."""
   tokenize = lambda lines: paper_tokenize(paper_normalize(lines), lang, compound_split)
-  score = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True).corpus_score(
-      tokenize(hypotheses), [tokenize(references)])
-  return score.score
+  return _multi_bleu(tokenize(hypotheses), tokenize(references))
+
+
+def lowercase_variant(lang: str) -> str:
+  """What `lowercase_bleu` did, for scores.json."""
+  return (f'lowercase.perl, normalize-punctuation.perl -l {lang}, tokenizer.perl -l {lang} '
+          "(hypotheses and references, as Multi30k's task1-tokenize.sh), multi-bleu.perl")
+
+
+def lowercase_tokenize(lines: list[str], lang: str) -> list[str]:
+  """`lines` as Multi30k's tok/*.lc.norm.tok.* files hold them: lowercased, Moses-normalized and
+  Moses-tokenized (sacremoses' ports of the three scripts)."""
+  from sacremoses import (  # pylint: disable=import-outside-toplevel (see paper_normalize)
+      MosesPunctNormalizer, MosesTokenizer)
+  normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+  return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True)
+          for line in lines]
+
+
+def lowercase_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
+  """BLEU as the multimodal-translation literature reports Multi30k: multi-bleu.perl on both
+  sides lowercased and tokenized as the data set's scripts do (`lowercase_variant`)."""
+  return _multi_bleu(lowercase_tokenize(hypotheses, lang), lowercase_tokenize(references, lang))
+
+
+def _multi_bleu(hypotheses: list[str], references: list[str]) -> float:
+  """multi-bleu.perl on tokenized lines: BLEU-4 on the tokens as they are, no smoothing."""
+  return sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True).corpus_score(
+      hypotheses, [references]).score
 
 
 def sacrebleu_score(hypotheses: list[str], references: list[str], lang: str):
