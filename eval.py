@@ -5,7 +5,9 @@ r"""Evaluates a trained run: translates a split or a file and scores both BLEUs.
 
 writes D/hypotheses.txt (one translation per line, input order) and D/scores.json: `sacrebleu` and
 `sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
-paper's tables) and `bleu_paper_variant` (what that did), `num_sentences`, `checkpoint_steps`,
+paper's tables) and `bleu_paper_variant` (what that did), `bleu_lowercased` (lowercased and
+Moses-tokenized, as the multimodal-translation literature scores Multi30k) and
+`bleu_lowercased_variant`, `num_sentences`, `checkpoint_steps`,
 the decoding settings, `sentences_per_sec` after compilation and `compile_secs`.
 """
 
@@ -68,6 +70,8 @@ def evaluate(sources: list[str], references: list[str], name: str) -> tuple[list
       'sacrebleu_signature': signature,
       'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang, compound_split),
       'bleu_paper_variant': bleu.paper_variant(compound_split),
+      'bleu_lowercased': bleu.lowercase_bleu(hypotheses, references, config.target_lang),
+      'bleu_lowercased_variant': bleu.lowercase_variant(config.target_lang),
       'num_sentences': len(sources),
       'checkpoint_steps': steps,
       'evaluated': name,
@@ -99,6 +103,7 @@ def main(argv):
     sys.exit(f'eval.py: {error}')
   logging.info('sacreBLEU signature: %s', scores['sacrebleu_signature'])
   print(f'{name}: sacreBLEU {scores["sacrebleu"]:.2f} | paper BLEU {scores["bleu_paper"]:.2f} | '
+        f'lowercased BLEU {scores["bleu_lowercased"]:.2f} | '
         f'{len(sources)} sentences | {scores["sentences_per_sec"]:.1f} sentences/s after '
         f'{scores["compile_secs"]:.1f} s of compilation | checkpoints {scores["checkpoint_steps"]}')
 

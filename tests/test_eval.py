@@ -69,6 +69,9 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   assert scores['bleu_paper'] == pytest.approx(
       bleu.paper_bleu(hypotheses, references, 'de', compound_split=True))
   assert scores['bleu_paper_variant'] == bleu.paper_variant(compound_split=True)
+  assert scores['bleu_lowercased'] == pytest.approx(
+      bleu.lowercase_bleu(hypotheses, references, 'de'))
+  assert scores['bleu_lowercased_variant'] == bleu.lowercase_variant('de')
   assert 'sacreBLEU' in result.stdout and '200 sentences' in result.stdout
   # Progress in a log (stderr is no terminal here): a line at each tenth of the sentences done,
   # here after each of the two beam-search calls.
