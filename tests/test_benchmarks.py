@@ -337,7 +337,8 @@ def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_varia
                       'train_minutes': 56.0, 'splits': {'validation': dict(scores, sacrebleu=36.5)},
                       'machine': machine, 'commit': 'abc1234'},
       'on a GPU': {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 2000, 'train_minutes': 4.0,
-                   'splits': {'validation': dict(scores, sacrebleu=37.5)}, 'commit': 'abc1234',
+                   'splits': {'validation': dict(scores, sacrebleu=37.5, bleu_lowercased=40.25)},
+                   'commit': 'abc1234',
                    'machine': {'cores': 16, 'cpu': 'CPU', 'accelerator': 'H100', 'devices': 1}}}
   # An earlier recipe, scored on test, written before the recipe.
   rows = {'3 layers': {'pair': 'en-de', 'overrides': ['model.num_encoder_layers=3'], 'steps': 2000,
@@ -346,18 +347,19 @@ def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_varia
   table = reproduce_multi30k.markdown(rows).splitlines()
   # Every run scored on test, the recipe's splits first, each with the overrides it ran with.
   assert [line for line in table if line.startswith('| en-de |')] == [
-      '| en-de | (the recipe) | validation | 37.00 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | '
+      '| en-de | (the recipe) | validation | 37.00 | 39.50 | - | 2000 | 55.0 | 20.0 | '
+      '[1900, 2000] | 2 cores, CPU | abc1234 |',
+      '| en-de | (the recipe) | test | 38.12 | 39.50 | - | 2000 | 55.0 | 20.0 | [1900, 2000] | '
       '2 cores, CPU | abc1234 |',
-      '| en-de | (the recipe) | test | 38.12 | 39.50 | 2000 | 55.0 | 20.0 | [1900, 2000] | '
-      '2 cores, CPU | abc1234 |',
-      '| en-de | model.num_encoder_layers=3 | test | 38.50 | 39.50 | 2000 | 70.0 | 20.0 | '
+      '| en-de | model.num_encoder_layers=3 | test | 38.50 | 39.50 | - | 2000 | 70.0 | 20.0 | '
       '[1900, 2000] | 2 cores, CPU | def5678 |']
   # Every run's validation BLEU, the recipe's beside the variants'.
   assert table[-3:] == [
-      '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | 2 cores, CPU |',
-      '| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | 39.50 | '
+      '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | - | 2 cores, CPU |',
+      '| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | 39.50 | - | '
       '2 cores, CPU |',
-      '| on a GPU | en-de | seed=1 | 2000 | 4.0 | 37.50 | 39.50 | 16 cores, CPU, 1x H100 |']
+      '| on a GPU | en-de | seed=1 | 2000 | 4.0 | 37.50 | 39.50 | 40.25 | '
+      '16 cores, CPU, 1x H100 |']
 
 
 def test_a_rescored_row_is_its_runs_training_with_another_average():
