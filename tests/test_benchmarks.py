@@ -607,6 +607,14 @@ def run_tpu_plan(tmp_path, *args) -> subprocess.CompletedProcess:
                         timeout=600)
 
 
+def kernel_calls(plan: dict) -> list[str]:
+  """The custom calls of a plan's compiled programs that are kernels or GPU libraries, not XLA's
+  own operations (a Pallas kernel on a TPU is a 'tpu_custom_call')."""
+  return [call for program in plan['programs'].values() if program['fits']
+          for call in program['custom_calls']
+          if re.search('tpu_custom_call|mosaic|triton|cudnn|cublas', call, re.I)]
+
+
 def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_by_hand(tmp_path):
   result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2')
   assert result.returncode == 0, result.stderr[-3000:]
@@ -621,8 +629,7 @@ def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_
   assert list(plan['programs']) == ['train_step', 'eval_step', 'beam_search']
   # XLA's own operations only: no kernel of ours (a Pallas one would be a 'tpu_custom_call', as
   # the next test shows), no GPU library.
-  assert not [call for program in plan['programs'].values() for call in program['custom_calls']
-              if re.search('tpu_custom_call|mosaic|triton|cudnn|cublas', call, re.I)]
+  assert kernel_calls(plan) == []
   assert all(program['fits'] and program['compile_secs'] > 0 and program['flops'] > 0
              for program in plan['programs'].values())
   # float32 parameters; Adam's two moments of each, and two int32 step counts (Adam's and the
@@ -724,9 +731,7 @@ def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures
             f'{shares["beam search"]:.0%}')
     assert cell in row, (cell, row)
     # What the device runs is XLA's own operations: no kernel (no 'tpu_custom_call').
-    calls = [call for p in plan['programs'].values() if p['fits'] for call in p['custom_calls']]
-    assert not [call for call in calls
-                if re.search('tpu_custom_call|mosaic|triton|cudnn|cublas', call, re.I)], label
+    assert kernel_calls(plan) == [], label
   assert {('configs/default.py', ''), ('configs/wmt14.py', 'big,en-de'),
           ('configs/wmt14.py', 'base,en-fr'), ('configs/wmt14.py', 'big,en-fr')} <= checked
 
