@@ -2,8 +2,8 @@ r"""Multi30k reproduction: train.py from scratch, then eval.py's BLEU, as a row 
 
   python -m benchmarks.reproduce_multi30k --manual_dir=../shared/data/multi30k [--pair=en-de]
       [--label=NAME] [--workdir=DIR] [--override=key=value ...] [--splits=validation,test]
-  python -m benchmarks.reproduce_multi30k --rescore=LABEL --average_last=N --label=NAME
-      [--splits=validation]
+  python -m benchmarks.reproduce_multi30k --rescore=LABEL [--average_last=N] [--beam_size=B]
+      [--alpha=A] --label=NAME [--splits=validation]
 
 Trains `configs/multi30k.py:<pair>` (with the overrides) in a new --workdir (default
 runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparation, compilation,
@@ -13,9 +13,9 @@ benchmarks/results/multi30k.json, and multi30k.md is rewritten from all rows: ev
 test, the recipe (rows without overrides) first, then every row's validation BLEU, the variants
 (rows with overrides) beside the recipe, as a recipe is chosen on validation only.
 
---rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with
---average_last=N checkpoints, a row whose overrides are LABEL's plus `average_last=N` (its
-training minutes and machine are LABEL's).
+--rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with another
+checkpoint average, beam or length penalty, a row whose overrides are LABEL's plus those given
+(`average_last=N`, `beam_size=B`, `alpha=A`; its training minutes and machine are LABEL's).
 """
 
 import json
@@ -33,6 +33,7 @@ MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
+DECODING = ('average_last', 'beam_size', 'alpha')  # eval.py's flags, in a rescored row's order
 
 
 def run(*args: str):
@@ -65,17 +66,25 @@ def rescored() -> tuple[str, dict]:
   """The run of the row --rescore names; (its workdir, its row with --average_last added)."""
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
-  return workdir_of(FLAGS.rescore), rescored_row(rows, FLAGS.rescore, FLAGS.average_last)
+  return workdir_of(FLAGS.rescore), rescored_row(rows, FLAGS.rescore, decoding())
 
 
-def rescored_row(rows: dict, label: str, average_last: int | None) -> dict:
-  """Row `label`'s training fields and machine, its overrides followed by `average_last=N`."""
+def decoding() -> dict:
+  """The decoding flags given, eval.py's names to their values: those a rescore changes."""
+  given = {name: getattr(FLAGS, name) for name in DECODING}
+  return {name: value for name, value in given.items() if value is not None}
+
+
+def rescored_row(rows: dict, label: str, changes: dict) -> dict:
+  """Row `label`'s training fields and machine, its overrides followed by `changes`."""
   if label not in rows:
     raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
-  if average_last is None:
-    raise SystemExit('--rescore needs --average_last=N: the number of checkpoints to average')
+  if not changes:
+    raise SystemExit('--rescore needs what to score differently: --average_last=N, '
+                     '--beam_size=B or --alpha=A')
   base = rows[label]
-  return {'pair': base['pair'], 'overrides': base['overrides'] + [f'average_last={average_last}'],
+  changed = [f'{name}={value}' for name, value in changes.items()]
+  return {'pair': base['pair'], 'overrides': base['overrides'] + changed,
           'steps': base['steps'], 'train_minutes': base['train_minutes'],
           'machine': base['machine']}
 
@@ -86,11 +95,11 @@ def main(argv):
   workdir, row = rescored() if FLAGS.rescore else train()
   row.update(splits={}, commit=code)
   row.setdefault('machine', machine())  # where the training minutes were measured
-  average = [] if FLAGS.average_last is None else [f'--average_last={FLAGS.average_last}']
+  decode_flags = [f'--{name}={value}' for name, value in decoding().items()]
   for split in FLAGS.splits:
     output_dir = os.path.join(workdir, f'eval_{FLAGS.label}_{split}')
     run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}',
-        *average)
+        *decode_flags)
     with open(os.path.join(output_dir, 'scores.json')) as f:
       row['splits'][split] = json.load(f)
 
@@ -148,6 +157,8 @@ if __name__ == '__main__':
   flags.DEFINE_list('splits', ['validation', 'test'], 'Splits eval.py scores.')
   flags.DEFINE_string('rescore', None, 'Train nothing: score the run of this row again.')
   flags.DEFINE_integer('average_last', None, "eval.py's --average_last (default: the config's).")
+  flags.DEFINE_integer('beam_size', None, "eval.py's --beam_size (default: the config's).")
+  flags.DEFINE_float('alpha', None, "eval.py's --alpha (default: the config's).")
   flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                       'Where multi30k.json and multi30k.md go.')
   app.run(main)

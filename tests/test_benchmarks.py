@@ -362,18 +362,22 @@ def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_varia
       '16 cores, CPU, 1x H100 |']
 
 
-def test_a_rescored_row_is_its_runs_training_with_another_average():
+def test_a_rescored_row_is_its_runs_training_scored_another_way(monkeypatch):
   machine = {'cores': 2, 'cpu': 'CPU'}
   rows = {'dropout 0.3': {'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
                           'train_minutes': 56.0, 'splits': {}, 'commit': 'abc1234',
                           'machine': machine}}
-  assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', 10) == {
+  assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', {'average_last': 10}) == {
       'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3', 'average_last=10'], 'steps': 2000,
       'train_minutes': 56.0, 'machine': machine}
+  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+      average_last=None, beam_size=6, alpha=1.0))
+  assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', reproduce_multi30k.decoding())[
+      'overrides'] == ['model.dropout_rate=0.3', 'beam_size=6', 'alpha=1.0']
   with pytest.raises(SystemExit, match=r'--rescore=recipe: no such row .*rows: dropout 0.3\)'):
-    reproduce_multi30k.rescored_row(rows, 'recipe', 10)
-  with pytest.raises(SystemExit, match='--rescore needs --average_last=N'):
-    reproduce_multi30k.rescored_row(rows, 'dropout 0.3', None)
+    reproduce_multi30k.rescored_row(rows, 'recipe', {'average_last': 10})
+  with pytest.raises(SystemExit, match='--rescore needs what to score differently'):
+    reproduce_multi30k.rescored_row(rows, 'dropout 0.3', {})
 
 
 def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
@@ -387,7 +391,8 @@ def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
   monkeypatch.setattr(reproduce_multi30k, 'commit', lambda checkout: head[0])
   monkeypatch.setattr(reproduce_multi30k, 'train', train)
   monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-      label='seed_1', splits=[], output=str(tmp_path), rescore=None, average_last=None))
+      label='seed_1', splits=[], output=str(tmp_path), rescore=None, average_last=None,
+      beam_size=None, alpha=None))
   reproduce_multi30k.main([])
   with open(tmp_path / 'multi30k.json') as f:
     assert json.load(f)['seed_1']['commit'] == '1111111'
