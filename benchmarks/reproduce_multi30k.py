@@ -63,7 +63,7 @@ def train() -> tuple[str, dict]:
 
 
 def rescored() -> tuple[str, dict]:
-  """The run of the row --rescore names; (its workdir, its row with --average_last added)."""
+  """The run of the row --rescore names; (its workdir, its row with the decoding changes added)."""
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
   return workdir_of(FLAGS.rescore), rescored_row(rows, FLAGS.rescore, decoding())
