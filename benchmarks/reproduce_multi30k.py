@@ -10,8 +10,9 @@ runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparat
 periodic evaluation and its closing BLEU included. Then `eval.py` translates each split with the
 config's beam search and checkpoint averaging. The row goes under --label into
 benchmarks/results/multi30k.json, and multi30k.md is rewritten from all rows: every row scored on
-test, the recipe (rows without overrides) first, then every row's validation BLEU, the variants
-(rows with overrides) beside the recipe, as a recipe is chosen on validation only.
+test, the recipe (rows without overrides but a seed) first; then runs that differ only in their
+seed, as a mean and its range; then every row's validation BLEU, the variants (rows with overrides)
+beside the recipe, as a recipe is chosen on validation only.
 
 --rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with another
 checkpoint average, beam or length penalty, a row whose overrides are LABEL's plus those given
@@ -20,6 +21,7 @@ checkpoint average, beam or length penalty, a row whose overrides are LABEL's pl
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -110,6 +112,37 @@ def overrides_text(row: dict) -> str:
   return ' '.join(row['overrides']) or '(the recipe)'
 
 
+def seed_of(row: dict) -> int:
+  """The seed a row trained with: its `seed=N` override, else the config's 0."""
+  seeds = [int(o.split('=', 1)[1]) for o in row['overrides'] if o.startswith('seed=')]
+  return seeds[-1] if seeds else 0
+
+
+def but_the_seed(row: dict) -> list[str]:
+  """A row's overrides without its seed: what its run shares with its other seeds."""
+  return [o for o in row['overrides'] if not o.startswith('seed=')]
+
+
+def seed_groups(rows: dict) -> list[list[dict]]:
+  """Rows scored on test that differ only in their seed, on one kind of machine: one list per
+  configuration with 2 seeds or more, in the order of their first row. A seed run twice counts
+  once, its latest row."""
+  groups = {}
+  for r in rows.values():
+    if 'test' in r['splits']:
+      key = (r['pair'], tuple(but_the_seed(r)), machine_name(r['machine']))
+      groups.setdefault(key, {})[seed_of(r)] = r
+  return [list(group.values()) for group in groups.values() if len(group) > 1]
+
+
+def over_seeds(group: list[dict], split: str, metric: str = 'sacrebleu') -> str:
+  """'mean (lowest-highest)' of a split's metric over a seed group; '-' unless each row has it."""
+  values = [r['splits'].get(split, {}).get(metric) for r in group]
+  if None in values:
+    return '-'
+  return f'{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})'
+
+
 def lowercased(scores: dict) -> str:
   """The lowercased BLEU of a split's scores; '-' for rows scored before eval.py gave it."""
   return f'{scores["bleu_lowercased"]:.2f}' if 'bleu_lowercased' in scores else '-'
@@ -128,13 +161,25 @@ def markdown(rows: dict) -> str:
       'training minutes | eval sentences/s | checkpoints averaged | machine | commit |',
       '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |']
   tested = [r for r in rows.values() if 'test' in r['splits']]
-  for r in sorted(tested, key=lambda r: bool(r['overrides'])):  # stable: the recipe first
+  for r in sorted(tested, key=lambda r: bool(but_the_seed(r))):  # stable: the recipe first
     for split, s in r['splits'].items():
       lines.append(
           f'| {r["pair"]} | {overrides_text(r)} | {split} | '
           f'{s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} | {lowercased(s)} | {r["steps"]} | '
           f'{r["train_minutes"]:.1f} | {s["sentences_per_sec"]:.1f} | {s["checkpoint_steps"]} | '
           f'{machine_name(r["machine"])} | {r["commit"]} |')
+  lines += ['', 'Runs that differ only in their seed: the mean and, in brackets, the lowest and '
+            'highest.', '', '| pair | config overrides | seeds | test sacreBLEU | test lowercased '
+            'BLEU | validation sacreBLEU | training minutes | machine |',
+            '| --- | --- | --- | --- | --- | --- | --- | --- |']
+  for group in seed_groups(rows):
+    first = group[0]
+    minutes = statistics.mean(r['train_minutes'] for r in group)
+    lines.append(f'| {first["pair"]} | {" ".join(but_the_seed(first)) or "(the recipe)"} | '
+                 f'{", ".join(str(seed_of(r)) for r in group)} | {over_seeds(group, "test")} | '
+                 f'{over_seeds(group, "test", "bleu_lowercased")} | '
+                 f'{over_seeds(group, "validation")} | {minutes:.1f} | '
+                 f'{machine_name(first["machine"])} |')
   lines += ['', 'Variants tried, beside the recipe (validation BLEU: the recipe is chosen on it):',
             '', '| variant | pair | config overrides | steps | training minutes | validation '
             'sacreBLEU | paper BLEU | lowercased BLEU | machine |',

@@ -353,6 +353,7 @@ def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_varia
       '2 cores, CPU | abc1234 |',
       '| en-de | model.num_encoder_layers=3 | test | 38.50 | 39.50 | - | 2000 | 70.0 | 20.0 | '
       '[1900, 2000] | 2 cores, CPU | def5678 |']
+  assert not any(line.startswith('| en-de | (the recipe) | 0, ') for line in table)
   # Every run's validation BLEU, the recipe's beside the variants'.
   assert table[-3:] == [
       '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | - | 2 cores, CPU |',
@@ -360,6 +361,44 @@ def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_varia
       '2 cores, CPU |',
       '| on a GPU | en-de | seed=1 | 2000 | 4.0 | 37.50 | 39.50 | 40.25 | '
       '16 cores, CPU, 1x H100 |']
+
+
+def test_runs_that_differ_only_in_their_seed_are_summed_up_as_mean_and_range():
+  machine = {'cores': 2, 'cpu': 'CPU'}
+
+  def row(overrides, test, validation, minutes=20.0, lowercased=None, on=machine):
+    test_scores = {'sacrebleu': test, 'bleu_paper': test, 'sentences_per_sec': 9.0,
+                   'checkpoint_steps': [1]}
+    if lowercased is not None:
+      test_scores['bleu_lowercased'] = lowercased
+    return {'pair': 'en-de', 'overrides': overrides, 'steps': 10, 'train_minutes': minutes,
+            'splits': {'validation': dict(test_scores, sacrebleu=validation), 'test': test_scores},
+            'machine': on, 'commit': 'abc1234'}
+
+  rows = {
+      'recipe': row([], 40.0, 41.0, minutes=21.0, lowercased=40.5),
+      'recipe seed 1': row(['seed=1'], 41.0, 40.0, minutes=22.0, lowercased=41.0),
+      'recipe seed 2 run before it failed': row(['seed=2'], 10.0, 10.0),
+      'recipe seed 2': row(['seed=2'], 40.5, 42.0, minutes=23.0, lowercased=41.5),
+      'recipe seed 1, GPU': row(['seed=1'], 40.0, 41.0, on=dict(machine, accelerator='H100',
+                                                                 devices=1)),
+      'dropout 0.2': row(['model.dropout_rate=0.2'], 39.0, 39.0),
+      'dropout 0.2 seed 1': row(['seed=1', 'model.dropout_rate=0.2'], 38.0, 38.5),
+      'layers 3, validation only': row(['model.num_encoder_layers=3'], 0, 0),
+      'layers 3 seed 1': row(['model.num_encoder_layers=3', 'seed=1'], 39.0, 39.0)}
+  del rows['layers 3, validation only']['splits']['test']
+  table = reproduce_multi30k.markdown(rows).splitlines()
+  # One line per configuration run with 2 seeds or more on one machine, a seed's latest row.
+  assert [line for line in table if ' | 0, 1' in line] == [
+      '| en-de | (the recipe) | 0, 1, 2 | 40.50 (40.00-41.00) | 41.00 (40.50-41.50) | '
+      '41.00 (40.00-42.00) | 22.0 | 2 cores, CPU |',
+      '| en-de | model.dropout_rate=0.2 | 0, 1 | 38.50 (38.00-39.00) | - | 38.75 (38.50-39.00) | '
+      '20.0 | 2 cores, CPU |']
+  # The seed=1 and seed=2 runs of the recipe count as the recipe's, first in the table of tests.
+  first_rows = [line for line in table if line.startswith('| en-de |')][:4]
+  assert [line.split(' | ')[1:3] for line in first_rows] == [
+      ['(the recipe)', 'validation'], ['(the recipe)', 'test'], ['seed=1', 'validation'],
+      ['seed=1', 'test']]
 
 
 def test_a_rescored_row_is_its_runs_training_scored_another_way(monkeypatch):
