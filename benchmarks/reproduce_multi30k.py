@@ -123,23 +123,38 @@ def but_the_seed(row: dict) -> list[str]:
   return [o for o in row['overrides'] if not o.startswith('seed=')]
 
 
-def seed_groups(rows: dict) -> list[list[dict]]:
-  """Rows scored on test that differ only in their seed, on one kind of machine: one list per
-  configuration with 2 seeds or more, in the order of their first row. A seed run twice counts
-  once, its latest row."""
+def by_seed(rows: dict) -> list[list[dict]]:
+  """Rows scored on test grouped by what they ran but the seed, on one kind of machine: one list
+  per configuration, in the order of their first row. A seed run twice counts once, its latest
+  row."""
   groups = {}
   for r in rows.values():
     if 'test' in r['splits']:
       key = (r['pair'], tuple(but_the_seed(r)), machine_name(r['machine']))
       groups.setdefault(key, {})[seed_of(r)] = r
-  return [list(group.values()) for group in groups.values() if len(group) > 1]
+  return [list(group.values()) for group in groups.values()]
+
+
+def seed_groups(rows: dict) -> list[list[dict]]:
+  """The groups of `by_seed` with 2 seeds or more."""
+  return [group for group in by_seed(rows) if len(group) > 1]
+
+
+def recipe_seeds(rows: dict, pair: str) -> list[dict]:
+  """The recipe's rows of a pair, one a seed (`by_seed`), on the machine it ran the most seeds on
+  (of two such, the later); [] if it was not scored on test."""
+  groups = [g for g in by_seed(rows) if g[0]['pair'] == pair and not but_the_seed(g[0])]
+  return max(reversed(groups), key=len, default=[])
 
 
 def over_seeds(group: list[dict], split: str, metric: str = 'sacrebleu') -> str:
-  """'mean (lowest-highest)' of a split's metric over a seed group; '-' unless each row has it."""
+  """'mean (lowest-highest)' of a split's metric over a seed group, the value alone for one row;
+  '-' unless each row has it."""
   values = [r['splits'].get(split, {}).get(metric) for r in group]
   if None in values:
     return '-'
+  if len(values) == 1:
+    return f'{values[0]:.2f}'
   return f'{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})'
 
 
