@@ -140,13 +140,6 @@ def seed_groups(rows: dict) -> list[list[dict]]:
   return [group for group in by_seed(rows) if len(group) > 1]
 
 
-def recipe_seeds(rows: dict, pair: str) -> list[dict]:
-  """The recipe's rows of a pair, one a seed (`by_seed`), on the machine it ran the most seeds on
-  (of two such, the later); [] if it was not scored on test."""
-  groups = [g for g in by_seed(rows) if g[0]['pair'] == pair and not but_the_seed(g[0])]
-  return max(reversed(groups), key=len, default=[])
-
-
 def over_seeds(group: list[dict], split: str, metric: str = 'sacrebleu') -> str:
   """'mean (lowest-highest)' of a split's metric over a seed group, the value alone for one row;
   '-' unless each row has it."""
