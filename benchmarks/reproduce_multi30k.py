@@ -141,13 +141,10 @@ def seed_groups(rows: dict) -> list[list[dict]]:
 
 
 def over_seeds(group: list[dict], split: str, metric: str = 'sacrebleu') -> str:
-  """'mean (lowest-highest)' of a split's metric over a seed group, the value alone for one row;
-  '-' unless each row has it."""
+  """'mean (lowest-highest)' of a split's metric over a seed group; '-' unless each row has it."""
   values = [r['splits'].get(split, {}).get(metric) for r in group]
   if None in values:
     return '-'
-  if len(values) == 1:
-    return f'{values[0]:.2f}'
   return f'{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})'
 
 
