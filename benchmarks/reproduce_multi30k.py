@@ -78,7 +78,8 @@ def decoding() -> dict:
 
 
 def rescored_row(rows: dict, label: str, changes: dict) -> dict:
-  """Row `label`'s training fields and machine, its overrides followed by `changes`."""
+  """Row `label`'s training fields and machine, its overrides followed by `changes` (which replace
+  an override of the same key)."""
   if label not in rows:
     raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
   if not changes:
@@ -86,7 +87,8 @@ def rescored_row(rows: dict, label: str, changes: dict) -> dict:
                      '--beam_size=B or --alpha=A')
   base = rows[label]
   changed = [f'{name}={value}' for name, value in changes.items()]
-  return {'pair': base['pair'], 'overrides': base['overrides'] + changed,
+  kept = [o for o in base['overrides'] if o.split('=', 1)[0] not in changes]  # replaced, not twice
+  return {'pair': base['pair'], 'overrides': kept + changed,
           'steps': base['steps'], 'train_minutes': base['train_minutes'],
           'machine': base['machine']}
 

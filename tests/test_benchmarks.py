@@ -416,6 +416,10 @@ def test_a_rescored_row_is_its_runs_training_scored_another_way(monkeypatch):
       average_last=None, beam_size=6, alpha=1.0))
   assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', reproduce_multi30k.decoding())[
       'overrides'] == ['model.dropout_rate=0.3', 'beam_size=6', 'alpha=1.0']
+  rows['alpha 1.0'] = dict(rows['dropout 0.3'], overrides=['alpha=1.0', 'seed=1'])
+  assert reproduce_multi30k.rescored_row(rows, 'alpha 1.0', {'alpha': 0.6})['overrides'] == [
+      'seed=1', 'alpha=0.6']
+  del rows['alpha 1.0']
   with pytest.raises(SystemExit, match=r'--rescore=recipe: no such row .*rows: dropout 0.3\)'):
     reproduce_multi30k.rescored_row(rows, 'recipe', {'average_last': 10})
   with pytest.raises(SystemExit, match='--rescore needs what to score differently'):
