@@ -125,21 +125,16 @@ def but_the_seed(row: dict) -> list[str]:
   return [o for o in row['overrides'] if not o.startswith('seed=')]
 
 
-def by_seed(rows: dict) -> list[list[dict]]:
-  """Rows scored on test grouped by what they ran but the seed, on one kind of machine: one list
-  per configuration, in the order of their first row. A seed run twice counts once, its latest
-  row."""
+def seed_groups(rows: dict) -> list[list[dict]]:
+  """Rows scored on test that differ only in their seed, on one kind of machine: one list per
+  configuration with 2 seeds or more, in the order of their first row. A seed run twice counts
+  once, its latest row."""
   groups = {}
   for r in rows.values():
     if 'test' in r['splits']:
       key = (r['pair'], tuple(but_the_seed(r)), machine_name(r['machine']))
       groups.setdefault(key, {})[seed_of(r)] = r
-  return [list(group.values()) for group in groups.values()]
-
-
-def seed_groups(rows: dict) -> list[list[dict]]:
-  """The groups of `by_seed` with 2 seeds or more."""
-  return [group for group in by_seed(rows) if len(group) > 1]
+  return [list(group.values()) for group in groups.values() if len(group) > 1]
 
 
 def over_seeds(group: list[dict], split: str, metric: str = 'sacrebleu') -> str:
