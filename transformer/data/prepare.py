@@ -28,9 +28,10 @@ def prepare(config: ml_collections.ConfigDict) -> list[str]:
   summary = [f'vocabulary ({config.vocab_size} pieces): {vocabulary.stored_path(config, train)}']
   for split in splits(config):
     corpus = train if split == 'train' else sources.load_split(config, split)
-    tokenized = token_store.load_or_tokenize(config, corpus, vocab)
+    sampled = split == 'train'
+    tokenized = token_store.load_or_tokenize(config, corpus, vocab, sampled)
     tokens = tokenized.sources.lengths.sum() + tokenized.targets.lengths.sum()
     summary.append(f'{corpus.name}: {len(tokenized):,} pairs, {tokens:,} tokens: '
-                   f'{token_store.store_dir(config, corpus, vocab)}')
+                   f'{token_store.store_dir(config, corpus, vocab, sampled)}')
   logging.info('prepared in %.1f s', time.time() - began)
   return summary

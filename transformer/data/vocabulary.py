@@ -44,6 +44,16 @@ class Vocabulary:
   def encode_batch(self, texts: list[str], add_eos: bool = False) -> list[list[int]]:
     return self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
 
+  def sample_batch(self, texts: list[str], alpha: float, seed: int) -> list[list[int]]:
+    """Each text in one sampled segmentation, EOS added: BPE-dropout (Provilkov et al., 2020)
+    with merge-dropout probability `alpha` for a bpe vocabulary, subword regularization (Kudo,
+    2018) with smoothing `alpha` for a unigram one. The same (texts, alpha, seed) give the same
+    ids."""
+    spm.set_random_generator_seed(seed)
+    # One thread: with more, which thread's random stream segments a text varies between calls.
+    return self._processor.encode(texts, add_eos=True, enable_sampling=True, alpha=alpha,
+                                  nbest_size=-1, num_threads=1)
+
   def pieces(self, ids) -> list[str]:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
     return [self._processor.id_to_piece(int(i)) for i in ids]
