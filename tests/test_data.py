@@ -692,7 +692,7 @@ print(hashlib.sha256(ids).hexdigest())
 """
 
 
-@pytest.mark.parametrize('subword_sampling', [0.0])
+@pytest.mark.parametrize('subword_sampling', [0.0, 0.1])
 def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path, subword_sampling):
   """Two hosts that find no store tokenize at once: both get the same ids (sampled segmentations
   too) and one complete store; a file already written is never replaced (another host may have it
@@ -751,6 +751,12 @@ def test_sampled_segmentations_spell_each_training_pair_several_ways(tmp_path):
     assert sampled_ids.lengths.mean() > 1.05 * best_ids.lengths.mean()  # shorter pieces
   assert token_store.store_dir(config, train, vocab, sampled=True) != token_store.store_dir(
       config, train, vocab)
+  # No dropout is the best segmentation; dropping every merge spells each word in characters.
+  texts = train.texts(range(len(train)))[0]
+  assert vocab.sample_batch(texts, 0.0, seed=1) == vocab.encode_batch(texts, add_eos=True)
+  characters = vocab.sample_batch(texts, 1.0, seed=1)
+  assert [len(ids) for ids in characters] == [len(' ' + text) + 1 for text in texts]
+  assert vocab.sample_batch(texts, 0.1, seed=1) != vocab.sample_batch(texts, 0.1, seed=2)
   # Each sample fills its share of an epoch's batches; validation is the best segmentation.
   batches = batching.train_batches(config, vocab, corpus=train)
   assert sum(len(shard.encoded) for shard in batches._batches.shards) == len(
@@ -761,6 +767,11 @@ def test_sampled_segmentations_spell_each_training_pair_several_ways(tmp_path):
       config, vocab, 'validation'))
   usable = batching.select(validation, config.max_length, np.arange(len(validation)))
   assert real == usable.targets.lengths.sum()
+  unigram = default.get_config()
+  unigram.update(subword_sampling=0.1, vocab_model_type='unigram')
+  with pytest.raises(config_lib.ConfigError, match='subword_sampling=0.1: BPE-dropout needs a '
+                     "bpe vocabulary: set config.vocab_model_type='bpe'"):
+    config_lib.validate(unigram)
   unsampled = config.copy_and_resolve_references()
   unsampled.subword_sampling = 0.0
   assert token_store.store_dir(unsampled, train, vocab, sampled=True) == token_store.store_dir(

@@ -130,7 +130,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_int(config, 'tokens_per_batch', max_length)
   _check_choice(config, 'packing', (True, False))
   _check_int(config, 'vocab_sample_size', 1)
-  _check_real(config, 'subword_sampling', 0.0, 1.0)
+  if _check_real(config, 'subword_sampling', 0.0, 1.0) and config.vocab_model_type != 'bpe':
+    _fail('subword_sampling', config.subword_sampling, "BPE-dropout needs a bpe vocabulary: set "
+          "config.vocab_model_type='bpe', or subword_sampling=0")
   _check_int(config, 'subword_samples', 1)
   for key in ('tfds_data_dir', 'train_files', 'validation_files', 'test_files'):
     value = _get(config, key)

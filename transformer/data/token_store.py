@@ -74,9 +74,9 @@ def token_dtype(vocab_size: int) -> type:
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-  """Sampled segmentations of a split: `samples` of them, each from (`alpha`, `seed`)."""
+  """Sampled segmentations of a split: `samples` of them, BPE-dropout's from `seed`."""
 
-  alpha: float
+  dropout: float
   samples: int
   seed: int
 
@@ -113,7 +113,7 @@ def tokenize(corpus: sources.Corpus, vocab: Vocabulary,
       for side, side_texts in zip(SIDES, texts):
         if samples:
           seed = int(sources.digest(samples.seed, copy, start, side)[:8], 16)
-          ids = vocab.sample_batch(side_texts, samples.alpha, seed)
+          ids = vocab.sample_batch(side_texts, samples.dropout, seed)
         else:
           ids = vocab.encode_batch(side_texts, add_eos=True)
         lengths = np.fromiter(map(len, ids), np.int32, len(ids))
