@@ -85,6 +85,7 @@ def get_config():
   config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
   config.lr_scale = 1.0  # 'paper' only
   config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base
+  config.cooldown_steps = 0  # > 0: the last this many steps decay linearly to 0 (not the paper's)
   config.warmup_steps = 4000
   config.adam_b1 = 0.9
   config.adam_b2 = 0.98

@@ -31,6 +31,21 @@ def test_warmup_rsqrt_schedule_peaks_at_the_given_value():
                              [1e-4, 1e-3, 5e-4], rtol=1e-6)
 
 
+def test_cooldown_takes_the_last_steps_linearly_down_to_zero():
+  config = default.get_config()
+  config.update(num_train_steps=10000, cooldown_steps=2000)
+  schedule = optim.learning_rate(config)
+  paper = lambda step: 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+  steps = [4000, 8000, 8001, 9000, 10000]  # before it, its first step, halfway, the last
+  np.testing.assert_allclose([float(schedule(s)) for s in steps],
+                             [paper(4000), paper(8000), paper(8001), paper(9000) * 1001 / 2000,
+                              paper(10000) / 2000], rtol=1e-6)
+  config.cooldown_steps = 10001
+  with pytest.raises(config_lib.ConfigError, match='cooldown_steps=10001: the cooldown is part of '
+                     'config.num_train_steps=10000'):
+    config_lib.validate(config)
+
+
 def test_first_update_uses_the_step_1_learning_rate():
   config = default.get_config()
   tx = optim.optimizer(config)

@@ -157,7 +157,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_real(config, 'adam_b2', 0.0, 1.0)
   _check_real(config, 'adam_eps', 0.0, float('inf'))
   _check_real(config, 'grad_clip_norm', 0.0, float('inf'))
-  _check_int(config, 'num_train_steps', 1)
+  steps = _check_int(config, 'num_train_steps', 1)
+  if _check_int(config, 'cooldown_steps', 0) > steps:
+    _fail('cooldown_steps', config.cooldown_steps,
+          f'the cooldown is part of config.num_train_steps={steps}: lower it or raise that')
   _check_int(config, 'grad_accum_steps', 1)
   _check_int(config, 'seed', 0)
   _check_choice(config, 'dropout_rng_impl', ('hash', 'rbg', 'unsafe_rbg', 'threefry2x32'))
@@ -220,7 +223,7 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'subword_sampling': 0.0, 'subword_samples': 8}
+              'subword_sampling': 0.0, 'subword_samples': 8, 'cooldown_steps': 0}
 # Implementations since removed, each read as the default that computes the same.
 REMOVED_MODEL_KEYS = ('norm_implementation',)
 REMOVED_VALUES = {'loss_reduction': {'pallas': ''}}

@@ -11,8 +11,12 @@ def learning_rate(config: ml_collections.ConfigDict):
   'paper':         lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
   'warmup_rsqrt':  peak_learning_rate * min(step / warmup, (warmup / step)^0.5), the same shape
                    with the peak given directly.
+
+  With config.cooldown_steps = C > 0 (not in the paper), the last C of num_train_steps = T steps
+  take it down linearly towards 0: times min(1, (T + 1 - step) / C), so step T updates at 1/C of
+  the schedule.
   """
-  warmup = config.warmup_steps
+  warmup, cooldown = config.warmup_steps, config.cooldown_steps
   if config.schedule == 'paper':
     scale = config.lr_scale * config.model.d_model**-0.5 * warmup**-0.5
   else:
@@ -20,7 +24,10 @@ def learning_rate(config: ml_collections.ConfigDict):
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
-    return scale * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
+    lr = scale * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
+    if cooldown:
+      lr *= jnp.clip((config.num_train_steps + 1 - step) / cooldown, 0.0, 1.0)
+    return lr
 
   return schedule
 
