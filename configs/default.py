@@ -39,11 +39,6 @@ def get_config():
   # Input pipeline (not from the paper).
   config.packing = False  # True: several pairs per max_length row instead of length buckets
   config.vocab_sample_size = 1_000_000  # training pairs (both sides) the vocabulary learns from
-  # > 0: the training split is stored in subword_samples segmentations, each sampled by
-  # BPE-dropout with this merge-dropout probability (a bpe vocabulary only); evaluation and
-  # decoding read the best segmentation. 0: the best one only.
-  config.subword_sampling = 0.0
-  config.subword_samples = 8
   # Where prepared data goes (TFDS datasets, vocabularies, token ids); empty = TFDS's default.
   config.tfds_data_dir = ''
   config.train_files = ''  # dataset='text': e.g. 'data/train.{lang}.gz', {lang} = a language

@@ -665,8 +665,6 @@ def test_bad_multi30k_directory_names_the_file(tmp_path):
 
 @pytest.mark.parametrize('key, value, message', [
     ('vocab_sample_size', 0, 'must be an integer >= 1'),
-    ('subword_sampling', 1.0, r'must be a number in \[0.0, 1.0\)'),
-    ('subword_samples', 0, 'must be an integer >= 1'),
     ('train_files', 'data/train.gz', "must contain '{lang}'"),
     ('dataset', 'text', "dataset='text' reads its training pairs from these files"),
 ])
@@ -685,20 +683,16 @@ from transformer import data
 from transformer.data import sources, token_store
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 vocab = data.load_or_train_vocabulary(config, sys.argv[2])
-tokenized = token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab,
-                                         sampled=True)
+tokenized = token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab)
 ids = tokenized.sources.flat.tobytes() + tokenized.targets.flat.tobytes()
 print(hashlib.sha256(ids).hexdigest())
 """
 
 
-@pytest.mark.parametrize('subword_sampling', [0.0, 0.1])
-def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path, subword_sampling):
-  """Two hosts that find no store tokenize at once: both get the same ids (sampled segmentations
-  too) and one complete store; a file already written is never replaced (another host may have it
-  mapped into memory)."""
-  config = text_config(tmp_path, tfds_data_dir=str(tmp_path / 'tfds'),
-                       subword_sampling=subword_sampling)
+def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path):
+  """Two hosts that find no store tokenize at once: both get the same ids and one complete store;
+  a file already written is never replaced (another host may have it mapped into memory)."""
+  config = text_config(tmp_path, tfds_data_dir=str(tmp_path / 'tfds'))
   workdir = str(tmp_path / 'workdir')
   vocab = data.load_or_train_vocabulary(config, workdir)
   hosts = [subprocess.Popen([sys.executable, '-c', TOKENIZE, config.to_json(), workdir],
@@ -711,7 +705,7 @@ def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path, 
     digests.append(out.split()[-1])
   assert digests[0] == digests[1]
   directory = pathlib.Path(token_store.store_dir(config, sources.load_split(config, 'train'),
-                                                 vocab, sampled=True))
+                                                 vocab))
   files = sorted(path.name for path in directory.iterdir())
   assert files == ['info.json'] + sorted(f'{side}_{name}.npy' for side in token_store.SIDES
                                          for name in ('lengths', 'tokens'))
@@ -721,61 +715,10 @@ def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path, 
   missing = directory / f'{token_store.SIDES[0]}_tokens.npy'
   (directory / 'info.json').unlink()
   missing.unlink()
-  token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab, sampled=True)
+  token_store.load_or_tokenize(config, sources.load_split(config, 'train'), vocab)
   assert missing.exists() and all(identity(path) == before for path, before in arrays.items()
                                   if path != missing)
   assert (directory / 'info.json').exists()
-
-
-def test_sampled_segmentations_spell_each_training_pair_several_ways(tmp_path):
-  """With subword_sampling the training split is stored as subword_samples sampled segmentations
-  of every pair, each decoding to the pair's text; evaluation reads the best segmentation."""
-  config = text_config(tmp_path, tfds_data_dir=str(tmp_path / 'tfds'), subword_sampling=0.1,
-                       subword_samples=3)
-  vocab = data.load_or_train_vocabulary(config, str(tmp_path / 'workdir'))
-  train = sources.load_split(config, 'train')
-  best = token_store.load_or_tokenize(config, train, vocab)
-  sampled = token_store.load_or_tokenize(config, train, vocab, sampled=True)
-  n = len(best)
-  assert len(sampled) == 3 * n
-  for side in ('sources', 'targets'):
-    best_ids, sampled_ids = getattr(best, side), getattr(sampled, side)
-    samples = [[sampled_ids[k * n + i].tolist() for i in range(n)] for k in range(3)]
-    assert all(vocab.decode(samples[k][i]) == vocab.decode(best_ids[i])
-               for k in range(3) for i in range(n))
-    assert all(ids[-1] == vocabulary.EOS_ID for sample in samples for ids in sample)
-    changed = [np.mean([ids != best_ids[i].tolist() for i, ids in enumerate(sample)])
-               for sample in samples]
-    assert min(changed) > 0.5, changed  # sentences of ~20 words: most lose a merge
-    assert np.mean([a != b for a, b in zip(samples[0], samples[1])]) > 0.5
-    assert sampled_ids.lengths.mean() > 1.05 * best_ids.lengths.mean()  # shorter pieces
-  assert token_store.store_dir(config, train, vocab, sampled=True) != token_store.store_dir(
-      config, train, vocab)
-  # No dropout is the best segmentation; dropping every merge spells each word in characters.
-  texts = train.texts(range(len(train)))[0]
-  assert vocab.sample_batch(texts, 0.0, seed=1) == vocab.encode_batch(texts, add_eos=True)
-  characters = vocab.sample_batch(texts, 1.0, seed=1)
-  assert [len(ids) for ids in characters] == [len(' ' + text) + 1 for text in texts]
-  assert vocab.sample_batch(texts, 0.1, seed=1) != vocab.sample_batch(texts, 0.1, seed=2)
-  # Each sample fills its share of an epoch's batches; validation is the best segmentation.
-  batches = batching.train_batches(config, vocab, corpus=train)
-  assert sum(len(shard.encoded) for shard in batches._batches.shards) == len(
-      batching.select(sampled, config.max_length, np.arange(3 * n)))
-  validation = token_store.load_or_tokenize(config, sources.load_split(config, 'validation'),
-                                            vocab)
-  real = sum(int((batch['targets'] > 0).sum()) for batch in batching.eval_batches(
-      config, vocab, 'validation'))
-  usable = batching.select(validation, config.max_length, np.arange(len(validation)))
-  assert real == usable.targets.lengths.sum()
-  unigram = default.get_config()
-  unigram.update(subword_sampling=0.1, vocab_model_type='unigram')
-  with pytest.raises(config_lib.ConfigError, match='subword_sampling=0.1: BPE-dropout needs a '
-                     "bpe vocabulary: set config.vocab_model_type='bpe'"):
-    config_lib.validate(unigram)
-  unsampled = config.copy_and_resolve_references()
-  unsampled.subword_sampling = 0.0
-  assert token_store.store_dir(unsampled, train, vocab, sampled=True) == token_store.store_dir(
-      config, train, vocab)
 
 
 @pytest.mark.parametrize('damage', ['cut', 'corrupt'])

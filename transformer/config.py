@@ -130,10 +130,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_int(config, 'tokens_per_batch', max_length)
   _check_choice(config, 'packing', (True, False))
   _check_int(config, 'vocab_sample_size', 1)
-  if _check_real(config, 'subword_sampling', 0.0, 1.0) and config.vocab_model_type != 'bpe':
-    _fail('subword_sampling', config.subword_sampling, "BPE-dropout needs a bpe vocabulary: set "
-          "config.vocab_model_type='bpe', or subword_sampling=0")
-  _check_int(config, 'subword_samples', 1)
   for key in ('tfds_data_dir', 'train_files', 'validation_files', 'test_files'):
     value = _get(config, key)
     if not isinstance(value, str):
@@ -223,7 +219,7 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'subword_sampling': 0.0, 'subword_samples': 8, 'cooldown_steps': 0}
+              'cooldown_steps': 0}
 # Implementations since removed, each read as the default that computes the same.
 REMOVED_MODEL_KEYS = ('norm_implementation',)
 REMOVED_VALUES = {'loss_reduction': {'pallas': ''}}

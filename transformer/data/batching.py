@@ -198,7 +198,7 @@ class Batches:
     # Packed batches, even those of single-pair rows, carry segment ids and positions.
     self.where, self._segments, self._seed = where, pack_rows, config.seed
     tokenized = token_store.load_or_tokenize(config, corpus or sources.load_split(config, split),
-                                             vocab, sampled=split == 'train')
+                                             vocab)
     order = rng(config.seed, SHARDING).permutation(len(tokenized))
     self.shards = [arrange(select(tokenized, config.max_length,
                                   np.sort(order[device::where.num_shards])),

@@ -28,10 +28,9 @@ def prepare(config: ml_collections.ConfigDict) -> list[str]:
   summary = [f'vocabulary ({config.vocab_size} pieces): {vocabulary.stored_path(config, train)}']
   for split in splits(config):
     corpus = train if split == 'train' else sources.load_split(config, split)
-    sampled = split == 'train'
-    tokenized = token_store.load_or_tokenize(config, corpus, vocab, sampled)
+    tokenized = token_store.load_or_tokenize(config, corpus, vocab)
     tokens = tokenized.sources.lengths.sum() + tokenized.targets.lengths.sum()
     summary.append(f'{corpus.name}: {len(tokenized):,} pairs, {tokens:,} tokens: '
-                   f'{token_store.store_dir(config, corpus, vocab, sampled)}')
+                   f'{token_store.store_dir(config, corpus, vocab)}')
   logging.info('prepared in %.1f s', time.time() - began)
   return summary

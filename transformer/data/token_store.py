@@ -6,15 +6,8 @@ token ids of all pairs in corpus order, each pair's ending in EOS, concatenated
 (`{side}_tokens.npy`: uint16 where the vocabulary fits, else int32), and each pair's length
 (`{side}_lengths.npy`); `info.json`, written last, marks it complete. The key hashes the corpus's
 digest and the vocabulary's model, so a changed source or vocabulary is tokenized anew and never
-read from an earlier store.
-
-With config.subword_sampling > 0 the training split is stored in config.subword_samples
-segmentations, each sampled from the vocabulary (`Vocabulary.sample_batch`) from config.seed: pair
-k * N + i is corpus pair i in sample k, so training sees each pair segmented several ways while
-evaluation reads the one best segmentation.
-
-Written by hand: the store is two flat arrays per side that numpy memory-maps, which the batcher
-gathers per shard with no per-pair Python.
+read from an earlier store. Written by hand: the store is two flat arrays per side that numpy
+memory-maps, which the batcher gathers per shard with no per-pair Python.
 """
 
 import dataclasses
@@ -72,54 +65,26 @@ def token_dtype(vocab_size: int) -> type:
   return np.uint16 if vocab_size <= 2**16 else np.int32
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-  """Sampled segmentations of a split: `samples` of them, BPE-dropout's from `seed`."""
-
-  dropout: float
-  samples: int
-  seed: int
-
-
-def sampling(config, sampled: bool) -> Sampling | None:
-  """The segmentations a split is stored in: sampled ones for the training split (`sampled`)
-  when config.subword_sampling asks for them, else None (the one best segmentation)."""
-  if not sampled or not config.subword_sampling:
-    return None
-  return Sampling(config.subword_sampling, config.subword_samples, config.seed)
-
-
-def store_dir(config, corpus: sources.Corpus, vocab: Vocabulary, sampled: bool = False) -> str:
-  """Where `corpus`'s token ids under `vocab` are stored (in sampled segmentations if
-  `sampled` and the config samples them)."""
-  key = sources.digest(corpus.digest, hashlib.sha256(vocab.model_proto).hexdigest(),
-                       *dataclasses.astuple(sampling(config, sampled) or Sampling(0, 1, 0)))
+def store_dir(config, corpus: sources.Corpus, vocab: Vocabulary) -> str:
+  """Where `corpus`'s token ids under `vocab` are stored."""
+  key = sources.digest(corpus.digest, hashlib.sha256(vocab.model_proto).hexdigest())
   return os.path.join(sources.prepared_dir(config), 'tokens', key[:16])
 
 
-def tokenize(corpus: sources.Corpus, vocab: Vocabulary,
-             samples: Sampling | None = None) -> Tokenized:
+def tokenize(corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
   """Every pair of `corpus` as token ids (ids of a chunk of pairs at a time, on all CPU cores),
-  logging its progress; with `samples`, every pair in each sampled segmentation, sample after
-  sample."""
+  logging its progress."""
   dtype = token_dtype(vocab.vocab_size)
-  copies = samples.samples if samples else 1
-  # sample -> side -> (token chunks, length chunks)
-  pieces = [{side: ([], []) for side in SIDES} for _ in range(copies)]
+  pieces = {side: ([], []) for side in SIDES}  # side -> (token chunks, length chunks)
   began, logged = time.time(), 0
   for start in range(0, len(corpus), CHUNK):
     texts = corpus.texts(range(start, min(start + CHUNK, len(corpus))))
-    for copy, copy_pieces in enumerate(pieces):
-      for side, side_texts in zip(SIDES, texts):
-        if samples:
-          seed = int(sources.digest(samples.seed, copy, start, side)[:8], 16)
-          ids = vocab.sample_batch(side_texts, samples.dropout, seed)
-        else:
-          ids = vocab.encode_batch(side_texts, add_eos=True)
-        lengths = np.fromiter(map(len, ids), np.int32, len(ids))
-        tokens, chunk_lengths = copy_pieces[side]
-        tokens.append(np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())))
-        chunk_lengths.append(lengths)
+    for side, side_texts in zip(SIDES, texts):
+      ids = vocab.encode_batch(side_texts, add_eos=True)
+      lengths = np.fromiter(map(len, ids), np.int32, len(ids))
+      tokens, chunk_lengths = pieces[side]
+      tokens.append(np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())))
+      chunk_lengths.append(lengths)
     done = min(start + CHUNK, len(corpus))
     if len(corpus) > CHUNK and 10 * done // len(corpus) > logged:
       logged = 10 * done // len(corpus)
@@ -127,9 +92,9 @@ def tokenize(corpus: sources.Corpus, vocab: Vocabulary,
       logging.info('%s: tokenized %d/%d pairs in %.0f s (%.0f pairs/s)', corpus.name, done,
                    len(corpus), secs, done / max(secs, 1e-9))
   return Tokenized(corpus.name, *(
-      Ragged(np.concatenate([np.zeros(0, dtype)] + [t for p in pieces for t in p[side][0]]),
-             np.concatenate([np.zeros(0, np.int32)] + [n for p in pieces for n in p[side][1]]))
-      for side in SIDES))
+      Ragged(np.concatenate([np.zeros(0, dtype), *tokens]),
+             np.concatenate([np.zeros(0, np.int32), *lengths]))
+      for tokens, lengths in pieces.values()))
 
 
 def _save(path: str, array: np.ndarray):
@@ -143,18 +108,15 @@ def _load(path: str) -> np.ndarray:
   return np.load(path, mmap_mode='r')  # pages are read as the shards gather them
 
 
-def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary,
-                     sampled: bool = False) -> Tokenized:
-  """`corpus`'s token ids: read from its store, or tokenized and stored there first; if
-  `sampled` (the training split), in config.subword_samples sampled segmentations where
-  config.subword_sampling > 0.
+def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
+  """`corpus`'s token ids: read from its store, or tokenized and stored there first.
 
   Hosts that find no store each tokenize and write it. Each file is written whole
   (`open_atomically`), and only where it is missing: the store is keyed by its corpus and
   vocabulary, so a file another host wrote holds the same bytes, and a file that a host has
   mapped into memory is never replaced under it.
   """
-  directory = store_dir(config, corpus, vocab, sampled)
+  directory = store_dir(config, corpus, vocab)
   info = os.path.join(directory, 'info.json')
   if epath.Path(info).exists():
     logging.info('%s: token ids read from %s', corpus.name, directory)
@@ -162,8 +124,7 @@ def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary,
         Ragged(_load(os.path.join(directory, f'{side}_tokens.npy')),
                _load(os.path.join(directory, f'{side}_lengths.npy'))) for side in SIDES))
   began = time.time()
-  samples = sampling(config, sampled)
-  tokenized = tokenize(corpus, vocab, samples)
+  tokenized = tokenize(corpus, vocab)
   for side, ragged in zip(SIDES, (tokenized.sources, tokenized.targets)):
     for name, array in (('tokens', ragged.flat), ('lengths', ragged.lengths)):
       path = os.path.join(directory, f'{side}_{name}.npy')
@@ -174,7 +135,6 @@ def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary,
   size = sum(r.flat.nbytes + r.lengths.nbytes for r in (tokenized.sources, tokenized.targets))
   write_atomically(info, json.dumps({
       'corpus': corpus.name, 'corpus_digest': corpus.digest, 'pairs': len(tokenized),
-      'sampling': dataclasses.asdict(samples) if samples else None,
       'tokens': [int(r.flat.size) for r in (tokenized.sources, tokenized.targets)],
       'bytes': size, 'seconds': round(time.time() - began, 1)}, indent=2))
   logging.info('%s: %d pairs tokenized in %.1f s, stored in %s (%.0f MiB)', corpus.name,

@@ -7,10 +7,8 @@ characters the training text lacks are spelled as UTF-8 bytes (256 byte pieces),
 back any input exactly, never the unknown symbol.
 """
 
-import functools
 import io
 import os
-import random
 import time
 
 import jax
@@ -46,45 +44,6 @@ class Vocabulary:
   def encode_batch(self, texts: list[str], add_eos: bool = False) -> list[list[int]]:
     return self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
 
-  def sample_batch(self, texts: list[str], dropout: float, seed: int) -> list[list[int]]:
-    """Each text in one segmentation sampled by BPE-dropout (Provilkov et al., 2020, Algorithm
-    1), EOS added: each word is merged from its characters, at each step by the best merge left
-    after dropping each with probability `dropout`, until none is left. The same (texts,
-    dropout, seed) give the same ids; `dropout=0` gives `encode_batch`'s.
-
-    Written by hand: SentencePiece's own sampling draws other segmentations in each process,
-    whatever its seed, and every host must store the same ids.
-    """
-    rng = random.Random(seed)
-    scores = self._merge_scores
-    sampled = []
-    for pieces in self._processor.encode(texts, out_type=str, num_threads=os.cpu_count()):
-      out = []
-      for word in _words(pieces):
-        symbols = list(''.join(word))
-        if not all(symbol in scores for symbol in symbols):  # spelled with byte pieces
-          out += word
-          continue
-        while len(symbols) > 1:
-          best, at = None, -1
-          for i in range(len(symbols) - 1):
-            score = scores.get(symbols[i] + symbols[i + 1])
-            if score is not None and (best is None or score > best) and rng.random() >= dropout:
-              best, at = score, i
-          if best is None:
-            break
-          symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
-        out += symbols
-      sampled.append([self._processor.piece_to_id(piece) for piece in out] + [EOS_ID])
-    return sampled
-
-  @functools.cached_property
-  def _merge_scores(self) -> dict[str, float]:
-    """Each learned piece (and character) and its score: a higher score merges first."""
-    processor = self._processor
-    return {processor.id_to_piece(i): processor.get_score(i) for i in range(self.vocab_size)
-            if not (processor.is_byte(i) or processor.is_control(i) or processor.is_unknown(i))}
-
   def pieces(self, ids) -> list[str]:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
     return [self._processor.id_to_piece(int(i)) for i in ids]
@@ -94,18 +53,6 @@ class Vocabulary:
     if EOS_ID in ids:
       ids = ids[:ids.index(EOS_ID)]
     return self._processor.decode([i for i in ids if i != PAD_ID])
-
-
-def _words(pieces: list[str]):
-  """The pieces of each word: a word's first piece starts with '▁'."""
-  word = []
-  for piece in pieces:
-    if piece.startswith('▁') and word:
-      yield word
-      word = []
-    word.append(piece)
-  if word:
-    yield word
 
 
 def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> bytes:
