@@ -174,7 +174,7 @@ def markdown(rows: dict) -> str:
             'highest.', '', '| pair | config overrides | seeds | test sacreBLEU | test lowercased '
             'BLEU | validation sacreBLEU | training minutes | machine |',
             '| --- | --- | --- | --- | --- | --- | --- | --- |']
-  for group in seed_groups(rows):
+  for group in sorted(seed_groups(rows), key=lambda g: bool(but_the_seed(g[0]))):  # recipe first
     first = group[0]
     minutes = statistics.mean(r['train_minutes'] for r in group)
     lines.append(f'| {first["pair"]} | {" ".join(but_the_seed(first)) or "(the recipe)"} | '
