@@ -35,8 +35,10 @@ def test_cooldown_takes_the_last_steps_linearly_down_to_zero():
   config = default.get_config()
   config.update(num_train_steps=10000, cooldown_steps=2000)
   schedule = optim.learning_rate(config)
-  paper = lambda step: 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
-  steps = [4000, 8000, 8001, 9000, 10000]  # before it, its first step, halfway, the last
+  def paper(step):
+    return 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+
+  steps = [4000, 8000, 8001, 9000, 10000]  # before it (2), its first, about halfway, the last
   np.testing.assert_allclose([float(schedule(s)) for s in steps],
                              [paper(4000), paper(8000), paper(8001), paper(9000) * 1001 / 2000,
                               paper(10000) / 2000], rtol=1e-6)
