@@ -125,24 +125,26 @@ def but_the_seed(row: dict) -> list[str]:
   return [o for o in row['overrides'] if not o.startswith('seed=')]
 
 
-def seed_groups(rows: dict) -> list[list[dict]]:
+def seed_groups(rows: dict, min_seeds: int = 2) -> list[list[dict]]:
   """Rows scored on test that differ only in their seed, on one kind of machine: one list per
-  configuration with 2 seeds or more, in the order of their first row. A seed run twice counts
-  once, its latest row."""
+  configuration with `min_seeds` seeds or more, in the order of their first row. A seed run twice
+  counts once, its latest row."""
   groups = {}
   for r in rows.values():
     if 'test' in r['splits']:
       key = (r['pair'], tuple(but_the_seed(r)), machine_name(r['machine']))
       groups.setdefault(key, {})[seed_of(r)] = r
-  return [list(group.values()) for group in groups.values() if len(group) > 1]
+  return [list(group.values()) for group in groups.values() if len(group) >= min_seeds]
 
 
 def over_seeds(group: list[dict], split: str, metric: str = 'sacrebleu') -> str:
-  """'mean (lowest-highest)' of a split's metric over a seed group; '-' unless each row has it."""
+  """'mean (lowest-highest)' of a split's metric over a seed group, a single row's value alone;
+  '-' unless each row has it."""
   values = [r['splits'].get(split, {}).get(metric) for r in group]
   if None in values:
     return '-'
-  return f'{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})'
+  mean = f'{statistics.mean(values):.2f}'
+  return mean if len(values) == 1 else f'{mean} ({min(values):.2f}-{max(values):.2f})'
 
 
 def lowercased(scores: dict) -> str:

@@ -397,6 +397,11 @@ def test_runs_that_differ_only_in_their_seed_are_summed_up_as_mean_and_range():
       '41.00 (40.00-42.00) | 22.0 | 2 cores, CPU |',
       '| en-de | model.dropout_rate=0.2 | 0, 1 | 38.50 (38.00-39.00) | - | 38.75 (38.50-39.00) | '
       '20.0 | 2 cores, CPU |']
+  # Asked for single seeds too, the GPU's run and the 3 layers' one test each stand alone, and a
+  # group of one is its value alone.
+  singles = [g for g in reproduce_multi30k.seed_groups(rows, min_seeds=1) if len(g) == 1]
+  assert singles == [[rows['recipe seed 1, GPU']], [rows['layers 3 seed 1']]]
+  assert reproduce_multi30k.over_seeds(singles[0], 'validation') == '41.00'
   # The seed=1 and seed=2 runs of the recipe count as the recipe's, first in the table of tests.
   first_rows = [line for line in table if line.startswith('| en-de |')][:4]
   assert [line.split(' | ')[1:3] for line in first_rows] == [

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from benchmarks.reproduce_multi30k import but_the_seed, seed_of
+from benchmarks import reproduce_multi30k
 from configs import default, multi30k, tiny, wmt14
 from transformer import config as config_lib
 from transformer import trainer
@@ -188,22 +188,18 @@ def test_a_workdir_config_naming_a_removed_implementation_reads_as_the_default(t
 
 
 def _recipe_figures(rows: dict, pair: str) -> dict:
-  """The minutes and BLEUs of the recipe's runs of `pair` scored on test (rows whose overrides are
-  a seed at most; a seed run twice counts once, its latest row): one run's figures, or over seeds
-  'mean (lowest-highest)' and the mean minutes."""
-  runs = {seed_of(r): r for r in rows.values()
-          if r['pair'] == pair and 'test' in r['splits'] and not but_the_seed(r)}
-  assert runs, f'no run of the {pair} recipe scored on test in multi30k.json'
-
-  def figure(split, metric):
-    values = [r['splits'][split][metric] for r in runs.values()]
-    mean = f'{statistics.mean(values):.2f}'
-    return mean if len(values) == 1 else f'{mean} ({min(values):.2f}-{max(values):.2f})'
-
-  return dict(seeds=('seed ' if len(runs) == 1 else 'seeds ') + ', '.join(map(str, runs)),
-              minutes=f'{statistics.mean(r["train_minutes"] for r in runs.values()):.1f}',
-              test=figure('test', 'sacrebleu'), paper=figure('test', 'bleu_paper'),
-              validation=figure('validation', 'sacrebleu'))
+  """The seeds, mean minutes and BLEUs ('mean (lowest-highest)', or one run's) of the recipe's
+  runs of `pair` scored on test."""
+  recipes = [group for group in reproduce_multi30k.seed_groups(rows, min_seeds=1)
+             if group[0]['pair'] == pair and not reproduce_multi30k.but_the_seed(group[0])]
+  assert len(recipes) == 1, f'the {pair} recipe is scored on test on {len(recipes)} machines'
+  runs = recipes[0]
+  seeds = ', '.join(str(reproduce_multi30k.seed_of(r)) for r in runs)
+  return dict(seeds=('seed ' if len(runs) == 1 else 'seeds ') + seeds,
+              minutes=f'{statistics.mean(r["train_minutes"] for r in runs):.1f}',
+              test=reproduce_multi30k.over_seeds(runs, 'test'),
+              paper=reproduce_multi30k.over_seeds(runs, 'test', 'bleu_paper'),
+              validation=reproduce_multi30k.over_seeds(runs, 'validation'))
 
 
 def test_the_multi30k_config_quotes_its_measured_results():
