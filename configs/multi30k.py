@@ -11,8 +11,8 @@ Measured (`python -m benchmarks.reproduce_multi30k --manual_dir=../shared/data/m
 [--override=seed=N]`, benchmarks/results/multi30k.md) on 2 cores of an Intel Xeon, over seeds the
 mean and (lowest-highest): en-de, seeds 0, 1, 2: 24.3 minutes of training; test2016 sacreBLEU 38.43
 (38.16-38.90) (paper BLEU 38.49 (38.21-38.99)), validation 39.54 (39.35-39.71); en-fr
-(`--pair=en-fr`), seeds 0, 1: 21.9 minutes, test2016 58.17 (57.99-58.35) (59.11 (58.96-59.26)),
-validation 56.60 (56.48-56.72).
+(`--pair=en-fr`), seeds 0, 1, 2: 22.3 minutes, test2016 58.20 (57.99-58.35) (59.18 (58.96-59.32)),
+validation 56.51 (56.32-56.72).
 """
 
 from configs import default
