@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -178,6 +179,28 @@ def tensorboard_texts(workdir) -> dict[tuple[str, int], str]:
           texts[value.tag.split('/text_summary')[0], event.step] = (
               value.tensor.string_val[0].decode())
   return texts
+
+
+def test_step_times_leave_out_evaluation_and_checkpoints_anywhere_in_a_log_window(tmp_path,
+                                                                                  monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(trainer, 'time', types.SimpleNamespace(time=lambda: clock[0]))
+  writer = metrics.MetricsWriter(str(tmp_path), enabled=True)
+  log = trainer._TrainLog(types.SimpleNamespace(num_train_steps=8), (1, 1), None, writer)
+  step_sums = {key: np.ones(1) for key in ('loss', 'nll', 'correct', 'tokens', 'source_tokens',
+                                           'finite', 'learning_rate', 'grad_norm')}
+  pauses = {2: 10.0, 4: 30.0}  # a checkpoint inside the first window, an evaluation at its log
+  for step in range(1, 9):
+    clock[0] += 1.0  # each step takes a second
+    log.add(step_sums)
+    if step % 4 == 0:
+      log.write(step)
+    if step in pauses:
+      with log.paused():
+        clock[0] += pauses[step]
+  writer.close()
+  assert [(r['step'], r['step_secs']) for r in read_metrics(str(tmp_path))] == [(4, 1.0),
+                                                                                (8, 1.0)]
 
 
 def test_tensorboard_shows_the_config_and_sample_translations(full_run):

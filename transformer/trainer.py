@@ -324,7 +324,8 @@ def samples_table(samples: list[tuple[str, str, str]]) -> str:
 class _TrainLog:
   """Collects the steps' metrics on device and turns them into rates at each log step.
 
-  The clock restarts after evaluation and checkpointing so step times leave them out.
+  Step times leave out evaluation and checkpointing (`paused`), wherever they fall in the window
+  of steps between two logs.
   """
 
   def __init__(self, config, parameters_per_token: tuple[int, int], checkpoints: Checkpoints,
@@ -336,6 +337,18 @@ class _TrainLog:
 
   def restart_clock(self):
     self.since = time.time()
+    self.left_out = 0.0  # seconds since `since` spent in `paused`
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Leaves the time spent inside out of the step times, from when the steps dispatched before
+    it have finished."""
+    jax.block_until_ready(self.pending)
+    began = time.time()
+    try:
+      yield
+    finally:
+      self.left_out += time.time() - began
 
   def add(self, step_metrics):
     self.pending.append(step_metrics)
@@ -357,7 +370,7 @@ class _TrainLog:
 
   def write(self, step: int):
     step_metrics = self.check_finite(step)  # waits for the steps to finish computing
-    elapsed = time.time() - self.since
+    elapsed = time.time() - self.since - self.left_out
     values = metrics.summarize(step_metrics)
     values.update(
         learning_rate=step_metrics[-1]['learning_rate'],
@@ -538,19 +551,19 @@ def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.St
         log.write(step)
       # Preempted: save first, evaluate never (Cloud TPU kills ~30 s after the SIGTERM).
       if not preempted and _every(step, config.eval_every_steps):
-        evaluator.loss(state.params, step, 'validation')
-        log.restart_clock()
+        with log.paused():
+          evaluator.loss(state.params, step, 'validation')
       if not preempted and _every(step, config.bleu_every_steps):
-        preempted = not evaluator.bleu(params_of(state.params), step, 'validation', stop=stop)
-        log.restart_clock()
+        with log.paused():
+          preempted = not evaluator.bleu(params_of(state.params), step, 'validation', stop=stop)
       if last or preempted or secs_due or _every(step, config.checkpoint_every_steps):
         log.check_finite(step)  # nothing non-finite may reach a checkpoint
-        saved = packing.unpack_state(local_copy(state), steps.param_shapes)
-        checkpoints.save(step, {'params': saved.params, 'opt_state': saved.opt_state},
-                         {'step': step, 'data_position': batches.position,
-                          'data_shards': jax.device_count()})
+        with log.paused():
+          saved = packing.unpack_state(local_copy(state), steps.param_shapes)
+          checkpoints.save(step, {'params': saved.params, 'opt_state': saved.opt_state},
+                           {'step': step, 'data_position': batches.position,
+                            'data_shards': jax.device_count()})
         last_save = time.time()
-        log.restart_clock()
       if preempted:
         logging.info('%s: saved a checkpoint at step %d; stopping', preemption.signal_name, step)
         break
