@@ -33,7 +33,7 @@ def get_config(pair: str = 'en-de'):
   config.tokens_per_batch = 1950
   config.model.update(dict(
       d_model=256, d_ff=512, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
-      dtype='float32'))  # CPUs compute bfloat16 slower than float32
+      dtype='float32'))  # bfloat16: no faster on 2 CPU cores, even with AMX (docs/results.md)
   config.warmup_steps = 1000  # a quarter of the paper's 4000: 2600 steps in all
   config.num_train_steps = 2600  # within an hour on 2 CPU cores
   config.log_every_steps = 50
