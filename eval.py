@@ -1,7 +1,7 @@
 r"""Evaluates a trained run: translates a split or a file and scores both BLEUs.
 
   python eval.py --workdir=DIR [--split=test] [--source_file=F --reference_file=R]
-      [--average_last=N] [--beam_size=B] [--alpha=A] --output_dir=D
+      [--average_last=N] [--up_to_step=S] [--beam_size=B] [--alpha=A] --output_dir=D
 
 writes D/hypotheses.txt (one translation per line, input order) and D/scores.json: `sacrebleu` and
 `sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
@@ -25,7 +25,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json
 _SPLIT = flags.DEFINE_string('split', 'test', 'Dataset split to translate: test or validation.')
 _SOURCE_FILE = flags.DEFINE_string('source_file', None, 'Translate this file instead of a split.')
 _REFERENCE_FILE = flags.DEFINE_string('reference_file', None, 'References for --source_file.')
-_AVERAGE_LAST, _BEAM_SIZE, _ALPHA = translate.define_decoding_flags()
+_DECODING = translate.DecodingFlags()
 flags.adopt_module_key_flags(translate)  # --helpshort lists them
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where hypotheses.txt and scores.json go.')
 flags.mark_flags_as_required(['workdir', 'output_dir'])
@@ -58,8 +58,7 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
 
 def evaluate(sources: list[str], references: list[str], name: str) -> tuple[list[str], dict]:
   """(the hypotheses, scores.json's dict) of the run in --workdir on `sources`."""
-  translator, params, config, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
-                                                     _BEAM_SIZE.value, _ALPHA.value)
+  translator, params, config, steps = translate.load(_WORKDIR.value, **_DECODING.values())
   began = time.time()
   hypotheses = translator.translate(params, sources, progress=True)
   seconds = time.time() - began

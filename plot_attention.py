@@ -1,7 +1,7 @@
 r"""Attention heatmaps of one translation (transformer/plots.py, `attention_figures`).
 
   python plot_attention.py --workdir=DIR --sentence="A man is riding a bicycle."
-      [--output_dir=D] [--average_last=N] [--beam_size=B] [--alpha=A]
+      [--output_dir=D] [--average_last=N] [--up_to_step=S] [--beam_size=B] [--alpha=A]
 
 Writes D/encoder_self_attention.png, D/decoder_self_attention.png and D/cross_attention.png
 (default D: DIR/attention).
@@ -20,7 +20,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json
 _SENTENCE = flags.DEFINE_string('sentence', None, 'The source sentence to translate and picture.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the PNGs go (default: '
                                   '<workdir>/attention).')
-_AVERAGE_LAST, _BEAM_SIZE, _ALPHA = translate.define_decoding_flags()
+_DECODING = translate.DecodingFlags()
 flags.adopt_module_key_flags(translate)  # --helpshort lists them
 flags.mark_flags_as_required(['workdir', 'sentence'])
 
@@ -39,8 +39,7 @@ def main(argv):
       for path in paths:
         files.check_writable(path, '--output_dir')
       translation, figures = plots.attention_figures(_WORKDIR.value, _SENTENCE.value,
-                                                     _AVERAGE_LAST.value, _BEAM_SIZE.value,
-                                                     _ALPHA.value)
+                                                     **_DECODING.values())
       for name, path in zip(plots.KINDS, paths):
         plots.save(figures[name], path)
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,

@@ -1,7 +1,7 @@
 r"""Translates sentences with a trained run: one sentence per line in, one translation per line out.
 
   python translate.py --workdir=DIR [--input=FILE] [--output=FILE] [--average_last=N]
-      [--beam_size=B] [--alpha=A]
+      [--up_to_step=S] [--beam_size=B] [--alpha=A]
 
 reads --input (default: stdin) and writes --output (default: stdout), with the mean of the run's
 last average_last checkpoints and its beam search settings unless the flags say otherwise.
@@ -19,7 +19,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json
                                'checkpoints/).')
 _INPUT = flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
 _OUTPUT = flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
-_AVERAGE_LAST, _BEAM_SIZE, _ALPHA = translate.define_decoding_flags()
+_DECODING = translate.DecodingFlags()
 flags.adopt_module_key_flags(translate)  # --helpshort lists them
 flags.mark_flag_as_required('workdir')
 
@@ -35,8 +35,7 @@ def main(argv):
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
     sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
                  data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
-    translator, params, _, steps = translate.load(_WORKDIR.value, _AVERAGE_LAST.value,
-                                                  _BEAM_SIZE.value, _ALPHA.value)
+    translator, params, _, steps = translate.load(_WORKDIR.value, **_DECODING.values())
     began = time.time()
     translations = translator.translate(params, sentences, progress=True)
     logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences),

@@ -27,7 +27,7 @@ def run_script(*args):
     ('train.py', ['--config', '--workdir', '--coordinator_address', '--num_processes',
                   '--process_id']),
     ('eval.py', ['--workdir', '--split', '--source_file', '--reference_file', '--average_last',
-                 '--beam_size', '--alpha', '--output_dir']),
+                 '--up_to_step', '--beam_size', '--alpha', '--output_dir']),
 ])
 def test_entry_points_print_help(script, flag_names):
   result = run_script(script, '--help')

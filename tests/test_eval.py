@@ -113,6 +113,36 @@ def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_pat
   assert checkpoints.load_params(str(fewer), config)[1] == [100]
 
 
+def test_up_to_step_averages_the_checkpoints_the_run_held_at_that_step(workdir, tmp_path):
+  config = config_lib.load_workdir_config(workdir)
+  assert checkpoints.load_params(workdir, config, up_to_step=100)[1] == [75, 100]
+  # The run as it stood at step 75 or 99: the same mean as a copy that never got further.
+  earlier = tmp_path / 'earlier'
+  shutil.copytree(workdir, earlier)
+  shutil.rmtree(earlier / 'checkpoints' / '100')
+  expected, expected_steps = checkpoints.load_params(str(earlier), config)
+  for step in (75, 99):
+    then, steps = checkpoints.load_params(workdir, config, up_to_step=step)
+    assert steps == expected_steps == [50, 75]
+    for a, b in zip(jax.tree_util.tree_leaves(then), jax.tree_util.tree_leaves(expected)):
+      np.testing.assert_array_equal(a, b)
+  with pytest.raises(checkpoints.CheckpointError) as error:
+    checkpoints.load_params(workdir, config, average_last=3, up_to_step=75)
+  assert str(error.value) == (f'average_last=3, but {workdir}/checkpoints holds 2 scheduled '
+                              'checkpoints at or before step 75 (steps [50, 75]); ask for 1 to 2')
+
+  result = run_script('eval.py', f'--workdir={workdir}', '--up_to_step=80', '--average_last=1',
+                      f'--output_dir={tmp_path / "eval"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / 'eval' / 'scores.json') as f:
+    assert json.load(f)['checkpoint_steps'] == [75]
+  assert error_line(run_script('eval.py', f'--workdir={workdir}', '--up_to_step=49',
+                               f'--output_dir={tmp_path / "none"}')) == (
+      f'eval.py: {workdir}/checkpoints holds no checkpoint at or before step 49 (steps '
+      '[50, 75, 100]); ask for a later step')
+  assert not (tmp_path / 'none').exists()
+
+
 def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   out = str(tmp_path / 'averaged')
   result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',

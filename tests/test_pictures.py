@@ -125,7 +125,7 @@ def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
     assert f'wrote {tmp_path / name}.png' in result.stdout
     assert_picture(tmp_path / f'{name}.png')
 
-  translation, figures = plots.attention_figures(tiny_run, sentence, None, None, None)
+  translation, figures = plots.attention_figures(tiny_run, sentence)
   assert f'translation: {translation}' in result.stdout
   vocab = data.load_vocabulary(config_lib.load_workdir_config(tiny_run), tiny_run)
   source = vocab.pieces(vocab.encode(sentence) + [data.EOS_ID])
@@ -154,8 +154,8 @@ def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
 def test_attention_of_a_sentence_longer_than_max_length_is_of_what_was_translated(tiny_run):
   sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
   # Both cut to their first 16 tokens (config.max_length), which they share.
-  longer, long = (plots.attention_figures(tiny_run, ' '.join([sentence] * times), None, None,
-                                          None) for times in (300, 20))
+  longer, long = (plots.attention_figures(tiny_run, ' '.join([sentence] * times))
+                  for times in (300, 20))
   assert longer[0] == long[0]  # the translation
   for name, figure in longer[1].items():
     assert figure.get_suptitle() == long[1][name].get_suptitle()

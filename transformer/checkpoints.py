@@ -227,23 +227,26 @@ class Checkpoints:
     return (f'{os.path.join(self.directory, str(step))} cannot be read, a file in it is damaged '
             f'or missing ({type(error).__name__}: {reason}); {fix}')
 
-  def mean_params(self, count: int, like) -> tuple[dict, list[int]]:
+  def mean_params(self, count: int, like,
+                  up_to_step: int | None = None) -> tuple[dict, list[int]]:
     """The mean parameters of the newest `count` checkpoints (all, if fewer are kept).
 
     Args:
       count: how many checkpoints to average.
       like: as in `restore`.
+      up_to_step: only checkpoints at or before this step count (None: all).
 
     Returns:
       (the mean parameters, the steps averaged).
     """
-    chosen = self.averaged_steps(count)
+    chosen = self.averaged_steps(count, up_to_step)
     return average([self.restore(step, like)[0]['params'] for step in chosen]), chosen
 
-  def averaged_steps(self, count: int) -> list[int]:
+  def averaged_steps(self, count: int, up_to_step: int | None = None) -> list[int]:
     """The newest `count` scheduled checkpoints' steps (all of them, if fewer are kept); the
-    newest of any kind where none is scheduled (a run preempted before its first)."""
-    steps = self.all_steps()
+    newest of any kind where none is scheduled (a run preempted before its first). With
+    `up_to_step`, the same among the checkpoints at or before it."""
+    steps = [s for s in self.all_steps() if up_to_step is None or s <= up_to_step]
     return [step for step in steps if self.scheduled(step)][-count:] or steps[-1:]
 
   def _prune(self, step: int | None = None, size: int = 0):
@@ -369,7 +372,8 @@ def state_shapes(config):
   return {'params': state.params, 'opt_state': state.opt_state}
 
 
-def load_params(workdir: str, config, average_last: int | None = None):
+def load_params(workdir: str, config, average_last: int | None = None,
+                up_to_step: int | None = None):
   """The parameters to evaluate a run with: the mean of its last checkpoints, as the paper does.
 
   Args:
@@ -377,6 +381,8 @@ def load_params(workdir: str, config, average_last: int | None = None):
     config: its config (`config.load_workdir_config`).
     average_last: how many checkpoints to average; None: config.average_last, or all that are
       kept if fewer (an unfinished run). An explicit number must not exceed what is kept.
+    up_to_step: only the checkpoints at or before this step count, the run as it stood then
+      (None: all).
 
   Returns:
     (the mean parameters as numpy arrays, the steps averaged).
@@ -386,20 +392,24 @@ def load_params(workdir: str, config, average_last: int | None = None):
   """
   checkpoints = Checkpoints(workdir, scheduled=on_schedule(config), read_only=True)
   try:
-    steps = checkpoints.averaged_steps(len(checkpoints.all_steps()))
+    steps = checkpoints.averaged_steps(len(checkpoints.all_steps()), up_to_step)
+    if not steps and checkpoints.all_steps():
+      raise CheckpointError(f'{checkpoints.directory} holds no checkpoint at or before step '
+                            f'{up_to_step} (steps {checkpoints.all_steps()}); ask for a later '
+                            'step')
     if not steps:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
+    held = (f'{len(steps)} scheduled checkpoints' +
+            ('' if up_to_step is None else f' at or before step {up_to_step}'))
     if average_last is None:
       average_last = min(config.average_last, len(steps))
       if average_last < config.average_last:
-        logging.warning('config.average_last=%d, but %s holds %d scheduled checkpoints: '
-                        'averaging those',
-                        config.average_last, checkpoints.directory, len(steps))
+        logging.warning('config.average_last=%d, but %s holds %s: averaging those',
+                        config.average_last, checkpoints.directory, held)
     elif not 1 <= average_last <= len(steps):
       raise CheckpointError(f'average_last={average_last}, but {checkpoints.directory} holds '
-                            f'{len(steps)} scheduled checkpoints (steps {steps}); ask for 1 to '
-                            f'{len(steps)}')
-    return checkpoints.mean_params(average_last, state_shapes(config))
+                            f'{held} (steps {steps}); ask for 1 to {len(steps)}')
+    return checkpoints.mean_params(average_last, state_shapes(config), up_to_step)
   finally:
     checkpoints.close()
 

@@ -209,11 +209,11 @@ def output_ids(row: np.ndarray) -> list[int]:
   return ids[:ids.index(data.EOS_ID) + 1] if data.EOS_ID in ids else ids
 
 
-def attention_figures(workdir: str, sentence: str, average_last: int | None,
-                      beam_size: int | None,
-                      alpha: float | None) -> tuple[str, dict[str, Figure]]:
-  """(the translation, {picture name: figure}) of `sentence` with the run in `workdir`."""
-  translator, replicated, config, _ = translate.load(workdir, average_last, beam_size, alpha)
+def attention_figures(workdir: str, sentence: str,
+                      **decoding) -> tuple[str, dict[str, Figure]]:
+  """(the translation, {picture name: figure}) of `sentence` with the run in `workdir`, loaded
+  by `translate.load(workdir, **decoding)`."""
+  translator, replicated, config, _ = translate.load(workdir, **decoding)
   (row,) = translator.search(replicated, [sentence])
   (source_ids,) = translator.encode([sentence])  # as the search took it: cut to max_length
   sentence = translator.vocab.decode(source_ids)

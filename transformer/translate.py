@@ -232,23 +232,33 @@ class Translator:
     return list(everyone[owner, np.arange(len(outputs_of))])
 
 
-def define_decoding_flags():
-  """--average_last, --beam_size and --alpha, which every command that translates takes; their
-  defaults are the run's config's."""
-  average_last = flags.DEFINE_integer('average_last', None,
-                                      'Average the last N checkpoints (default: the config\'s '
-                                      'average_last, as the paper evaluates: 5 for base, 20 for '
-                                      'big).')
-  beam_size = flags.DEFINE_integer('beam_size', None, 'Beam size (default: the config\'s).',
-                                   lower_bound=1)
-  alpha = flags.DEFINE_float('alpha', None, 'Length penalty alpha (default: the config\'s).')
-  # A bound alone lets nan and inf through.
-  flags.register_validator(alpha, lambda value: value is None or 0 <= value < math.inf,
-                           'must be a finite number >= 0 (0: no length penalty)')
-  return average_last, beam_size, alpha
+class DecodingFlags:
+  """--average_last, --up_to_step, --beam_size and --alpha, which every command that translates
+  takes; their defaults are the run's config's (the newest checkpoints for --up_to_step)."""
+
+  def __init__(self):
+    self.average_last = flags.DEFINE_integer(
+        'average_last', None, 'Average the last N checkpoints (default: the config\'s '
+        'average_last, as the paper evaluates: 5 for base, 20 for big).')
+    self.up_to_step = flags.DEFINE_integer(
+        'up_to_step', None, 'Average the last checkpoints at or before this step: the run as it '
+        'stood then, for a learning curve (default: the newest).', lower_bound=0)
+    self.beam_size = flags.DEFINE_integer('beam_size', None,
+                                          'Beam size (default: the config\'s).', lower_bound=1)
+    self.alpha = flags.DEFINE_float('alpha', None,
+                                    'Length penalty alpha (default: the config\'s).')
+    # A bound alone lets nan and inf through.
+    flags.register_validator(self.alpha, lambda value: value is None or 0 <= value < math.inf,
+                             'must be a finite number >= 0 (0: no length penalty)')
+
+  def values(self) -> dict:
+    """The flags' values, as `load` takes them."""
+    return {name: getattr(self, name).value
+            for name in ('average_last', 'beam_size', 'alpha', 'up_to_step')}
 
 
-def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: float | None):
+def load(workdir: str, average_last: int | None = None, beam_size: int | None = None,
+         alpha: float | None = None, up_to_step: int | None = None):
   """What translating with a trained run takes, as eval.py and translate.py use it.
 
   Args:
@@ -256,6 +266,7 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
     average_last: checkpoints to average (None: the config's average_last).
     beam_size: None: the config's.
     alpha: None: the config's.
+    up_to_step: average the checkpoints at or before this step (None: the newest).
 
   Returns:
     (a `Translator`, the parameters replicated over the local devices, the run's config, the
@@ -266,7 +277,7 @@ def load(workdir: str, average_last: int | None, beam_size: int | None, alpha: f
   """
   config = choice.runnable_here(config_lib.load_workdir_config(workdir))
   vocab = data.load_vocabulary(config, workdir)
-  params, steps = checkpoints.load_params(workdir, config, average_last)
+  params, steps = checkpoints.load_params(workdir, config, average_last, up_to_step)
   translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
                           config.alpha if alpha is None else alpha)
   return translator, train_step.replicate(params), config, steps
