@@ -392,11 +392,11 @@ def load_params(workdir: str, config, average_last: int | None = None,
   """
   checkpoints = Checkpoints(workdir, scheduled=on_schedule(config), read_only=True)
   try:
-    steps = checkpoints.averaged_steps(len(checkpoints.all_steps()), up_to_step)
-    if not steps and checkpoints.all_steps():
+    kept = checkpoints.all_steps()
+    steps = checkpoints.averaged_steps(len(kept), up_to_step)
+    if not steps and kept:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint at or before step '
-                            f'{up_to_step} (steps {checkpoints.all_steps()}); ask for a later '
-                            'step')
+                            f'{up_to_step} (steps {kept}); ask for a later step')
     if not steps:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
     held = (f'{len(steps)} scheduled checkpoints' +
