@@ -90,12 +90,13 @@ def target_pieces_first(model_proto: bytes, target_texts: list[str]) -> bytes:
   model = _parse(model_proto)
   pieces = list(model.pieces)
   normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
-  uses = collections.Counter(
-      i for ids in spm.SentencePieceProcessor(model_proto=model_proto).encode(target_texts)
-      for i in ids)
+  processor = spm.SentencePieceProcessor(model_proto=model_proto)
+  uses = collections.Counter(i for ids in processor.encode(target_texts,
+                                                          num_threads=os.cpu_count()) for i in ids)
   fixed = [i for i, piece in enumerate(pieces) if piece.type != normal]  # ids 0-258
+  learned = [i for i, piece in enumerate(pieces) if piece.type == normal]
   rank = lambda i: (len(pieces[i].piece) > 1, -uses[i], i)  # characters, then by use
-  order = fixed + sorted((i for i in range(len(pieces)) if i not in set(fixed)), key=rank)
+  order = fixed + sorted(learned, key=rank)
   del model.pieces[:]
   model.pieces.extend(pieces[i] for i in order)
   return model.SerializeToString()
