@@ -99,6 +99,10 @@ def target_pieces_first(model_proto: bytes, target_texts: list[str]) -> bytes:
   order = fixed + sorted(learned, key=rank)
   del model.pieces[:]
   model.pieces.extend(pieces[i] for i in order)
+  used = sum(uses[i] > 0 for i in learned)
+  logging.info('vocabulary renumbered: ids 0-%d are the %d special ids and bytes and the %d pieces '
+               'the target side uses, of %d in all', len(fixed) + used - 1, len(fixed), used,
+               len(pieces))
   return model.SerializeToString()
 
 
