@@ -165,8 +165,7 @@ def plan(config, topology: str) -> dict:
   state = jax.eval_shape(lambda: packing.pack_state(train_step.initial_state(config), jnp))
   state_bytes = {part: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
                  for part, tree in (('params', state.params), ('opt_state', state.opt_state))}
-  encoder, decoder = model.parameters_per_token(steps.param_shapes,
-                                                 steps.train_model.config.output_vocab_size)
+  encoder, decoder = model.parameters_per_token(steps.param_shapes)
   batch, rows = batch_shapes(config, count)
   tokens = rows * config.max_length  # per device and micro-step, each side
   states = replicated(state, count)

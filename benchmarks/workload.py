@@ -144,8 +144,7 @@ class Ours:
     self.model_config = config_lib.model_config(self.config, implementations)
     self.steps = train_step.StepFunctions(self.config, implementations)
     state = train_step.initial_state(self.config)
-    self.parameters = model.parameters_per_token(state.params,
-                                                 self.model_config.output_vocab_size)
+    self.parameters = model.parameters_per_token(state.params)
     self.state = train_step.replicate(packing.pack_state(state))
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.compiler_options = compiler_options(self.config)

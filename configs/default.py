@@ -31,10 +31,6 @@ def get_config():
   config.manual_dir = ''
   config.vocab_size = 37000  # shared source-target byte-pair vocabulary
   config.vocab_model_type = 'bpe'  # SentencePiece model type
-  # > 0: the output layer scores only this many pieces, those the target language uses most
-  # (they come first in the vocabulary's ids; target text is split into them alone); 0 = all
-  # vocab_size pieces, as the paper's shared vocabulary.
-  config.target_vocab_size = 0
   config.max_length = 256  # pairs with a side longer than this (in tokens) are dropped (t2t's)
   # Real (non-padding) tokens per side and update, as the paper counts its ~25000 + 25000; rows
   # per batch follow from each padded length's mean real tokens (transformer/data/batching.py).

@@ -135,41 +135,6 @@ def test_special_ids_and_round_trip(corpus):
     assert data.UNK_ID not in ids and vocab.decode(ids) == unseen
 
 
-def test_a_target_vocabulary_numbers_the_target_pieces_first_and_splits_targets_into_them(
-    tmp_path, corpus):
-  """target_vocab_size = n: the pieces are renumbered, not relearned or resplit, the target
-  language's first; target text is split into the first n alone and comes back as written."""
-  config, vocab, _ = corpus
-  target_first = text_config(tmp_path, target_vocab_size=300)
-  renumbered = data.load_or_train_vocabulary(target_first, str(tmp_path / 'workdir'))
-  assert vocabulary.stored_path(target_first, sources.load_split(config, 'train')) != (
-      vocabulary.stored_path(config, sources.load_split(config, 'train')))
-  english, german = data.split_texts(config, 'train')  # lowercase and uppercase letters
-  for text in english[:100] + german[:100]:
-    assert renumbered.pieces(renumbered.encode(text)) == vocab.pieces(vocab.encode(text))
-  assert sorted(renumbered.pieces(range(352))) == sorted(vocab.pieces(range(352)))
-  # The 259 special ids and bytes stay; then the 21 characters ('▁', a-j, A-J), then German's.
-  assert renumbered.pieces(range(259)) == vocab.pieces(range(259))
-  characters, learned = renumbered.pieces(range(259, 280)), renumbered.pieces(range(280, 352))
-  assert sorted(characters) == sorted('▁abcdefghijABCDEFGHIJ')
-  uses = collections.Counter(piece for text in german for piece in vocab.pieces(vocab.encode(text)))
-  counts = [uses[piece] for piece in learned]
-  assert counts == sorted(counts, reverse=True) and sum(count > 0 for count in counts) > 20
-  # Target text in the first 300 pieces: split finer where it used a piece from 300 on.
-  encoded = encode_all(target_first, renumbered, 'train')
-  assert encoded.targets.flat.max() < 300 <= encoded.sources.flat.max()
-  resplit = 0
-  for text in german:
-    targets = renumbered.encode_batch([text], add_eos=True, target=True)[0]
-    assert max(targets) < 300 and renumbered.decode(targets) == text
-    resplit += len(targets) > len(renumbered.encode(text)) + 1
-  assert resplit > 0
-  with pytest.raises(data.DataError, match=r'config.target_vocab_size=279: below the 280 pieces '
-                     r'\(3 special ids, 256 bytes, 21 characters\) that spell any text; raise it '
-                     r'to at least 280, or 0 for all pieces'):
-    data.Vocabulary(renumbered.model_proto, 279)
-
-
 def test_vocabulary_is_trained_once_kept_beside_the_data_and_copied_to_each_workdir(
     tmp_path, monkeypatch, caplog):
   config = tiny.get_config()

@@ -193,30 +193,6 @@ def test_sown_attention_weights_are_the_softmax_each_layer_used(name):
 
 
 @pytest.mark.parametrize('name', VARIANTS)
-def test_an_output_vocabulary_scores_the_first_ids_as_the_full_model_does(name):
-  """`output_vocab_size` = n: the same parameters, and the full model's logits of ids [0, n), in
-  a teacher-forced pass, a cached decoding step and `output_table`."""
-  cfg, n = VARIANTS[name], 15
-  sources, targets = random_tokens(0, (3, 7)), random_tokens(1, (3, 5), vocab=n)
-  variables = init(cfg, sources, targets)
-  cut = cfg.replace(output_vocab_size=n)
-  assert jax.tree_util.tree_map(jnp.shape, init(cut, sources, targets)) == (
-      jax.tree_util.tree_map(jnp.shape, variables))
-  full = Transformer(cfg).apply(variables, sources, targets)
-  logits = Transformer(cut).apply(variables, sources, targets)
-  assert logits.shape == (3, 5, n)
-  np.testing.assert_allclose(logits, full[..., :n], atol=1e-5)  # another matmul's blocking
-  assert output_table(variables['params'], n).shape == (n, cfg.d_model)
-  decoder = Transformer(cut.replace(decode=True))
-  encoded = Transformer(cut).apply(variables, sources, method=Transformer.encode)
-  _, state = decoder.apply(variables, encoded, sources, jnp.zeros_like(targets),
-                           method=Transformer.decode, mutable=['cache'])
-  first, _ = decoder.apply({**variables, **state}, encoded, sources, jnp.zeros((3, 1), jnp.int32),
-                           method=Transformer.decode, mutable=['cache'])
-  np.testing.assert_allclose(first[:, 0], full[:, 0, :n], atol=1e-5)
-
-
-@pytest.mark.parametrize('name', VARIANTS)
 def test_cached_decoding_equals_full_forward(name):
   cfg = VARIANTS[name]
   sources = random_tokens(0, (3, 7)).at[2, 5:].set(0)

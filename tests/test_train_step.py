@@ -9,11 +9,10 @@ from flax import jax_utils
 
 from configs import default, tiny
 from transformer import config as config_lib
-from transformer import loss, optim, train_step
+from transformer import optim, train_step
 from transformer.kernels import choice, packing
 from transformer.kernels.choice import Implementations
 from transformer.checkpoints import local_copy
-from transformer.model import Transformer
 
 
 @pytest.mark.parametrize('step', [1, 2000, 4000, 16000, 100_000])
@@ -237,34 +236,3 @@ def test_a_step_on_the_packed_state_makes_adams_update_of_the_trees():
   for x, y in zip(jax.tree_util.tree_leaves((got.params, got.opt_state)),
                   jax.tree_util.tree_leaves((expected.params, expected.opt_state)), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
-
-
-@pytest.mark.parametrize('reduction,chunk', [('separate', None), ('separate', 16), ('online', 16)])
-def test_a_target_vocabulary_trains_on_the_logits_of_its_first_pieces(reduction, chunk):
-  """With target_vocab_size = n the step's loss and gradient are those of the full model's logits
-  cut to the first n ids, however the loss reads them."""
-  config, _, _, batch = _setup()
-  config.target_vocab_size = n = 300
-  batch['targets'] = np.where(batch['targets'] > 0, 3 + batch['targets'] % (n - 3), 0)
-  tree = train_step.initial_state(config)
-  full_model = Transformer(config_lib.model_config(config).replace(output_vocab_size=None))
-
-  def cut_loss(params):
-    logits = full_model.apply({'params': params}, **batch)
-    assert logits.shape[-1] == config.vocab_size > n
-    sums = loss.token_sums(logits[..., :n], batch['targets'], config.label_smoothing)
-    return sums['loss'], sums
-
-  grads, expected = jax.grad(cut_loss, has_aux=True)(tree.params)
-  steps = train_step.StepFunctions(config, Implementations(loss_chunk=chunk,
-                                                           loss_reduction=reduction))
-  _, metrics = _update(steps, packing.pack_state(tree), batch, jax.local_devices()[:1])
-  for name in ('loss', 'nll', 'correct', 'tokens'):
-    np.testing.assert_allclose(metrics[name], expected[name], rtol=1e-5, err_msg=name)
-  np.testing.assert_allclose(metrics['grad_norm'],
-                             optax.tree.norm(grads) / expected['tokens'], rtol=1e-5)
-  # The rows from n on are scored by no logit: only the source tokens among them move them.
-  rows = grads['source_embedding']['embedding'][n:]
-  seen = np.zeros(config.vocab_size - n, bool)
-  seen[batch['sources'][batch['sources'] >= n] - n] = True
-  assert np.all(np.abs(rows[~seen]).max(-1) == 0) and np.all(np.abs(rows[seen]).max(-1) > 0)

@@ -27,7 +27,7 @@ from tensorboardX.proto import event_pb2
 from conftest import error_line, train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import data, lock, metrics, train_step, trainer, translate
+from transformer import data, lock, metrics, train_step, trainer
 from transformer.kernels import choice, compile_ahead, packing
 from transformer.checkpoints import CheckpointError, Checkpoints, load_params
 from transformer.files import DirectoryError
@@ -473,33 +473,6 @@ def test_a_run_resumed_at_or_past_its_last_step_says_there_is_nothing_to_train(f
   assert ('checkpoint 100 is at or past config.num_train_steps=50: nothing to train (raise '
           'num_train_steps to train on; eval.py scores the run)') in logged
   assert Checkpoints(workdir, 3).all_steps() == [50, 100]
-
-
-def test_a_run_scoring_the_target_pieces_alone_learns_translates_and_keeps_its_size(full_run,
-                                                                                   tmp_path):
-  """target_vocab_size=300 of tiny's 320 pieces: the loss falls as the full run's; validation
-  batches and translations use the first 300 ids alone; resuming with all pieces is refused."""
-  log = train_in_process(str(tmp_path), target_vocab_size=300)
-  rows = read_metrics(tmp_path)
-  train_rows = [r for r in rows if 'split' not in r]
-  full_rows = [r for r in read_metrics(full_run) if 'split' not in r]
-  assert train_rows[-1]['loss'] < train_rows[0]['loss'] - 0.5
-  assert abs(train_rows[-1]['nll'] - full_rows[-1]['nll']) < 0.3 * full_rows[-1]['nll']
-  # train.py's own check: fewer output rows, fewer multiply-adds per target token.
-  assert train_rows[-1]['model_flops_per_sec'] / train_rows[-1]['target_tokens_per_sec'] < (
-      full_rows[-1]['model_flops_per_sec'] / full_rows[-1]['target_tokens_per_sec'])
-  assert 'model: 52,224 parameters' in log  # tiny's all: the table keeps its 320 rows
-  assert [(r['split'], r['checkpoint_steps']) for r in rows if 'sacrebleu' in r] == [
-      ('validation', [50, 100]), ('test', [50, 100])]
-  translator, params, config, _ = translate.load(str(tmp_path))
-  assert config_lib.model_config(config).output_vocab_size == 300
-  for batch in data.eval_batches(config, translator.vocab, 'validation'):
-    assert 0 < batch['targets'].max() < 300
-  outputs = translator.search(params, data.split_texts(config, 'validation')[0][:20])
-  assert all(0 < ids.max() < 300 for ids in outputs)
-  with pytest.raises(config_lib.ConfigError,
-                     match='config.target_vocab_size=0 conflicts with 300 in'):
-    train_in_process(str(tmp_path), target_vocab_size=0)
 
 
 def test_resuming_with_another_model_is_refused(full_run):

@@ -23,8 +23,7 @@ LOCAL_DATASETS = ('multi30k', 'synthetic', 'text')
 SCHEDULES = ('paper', 'warmup_rsqrt')
 BYTE_AND_SPECIAL_PIECES = 256 + 3  # every vocabulary holds these besides what it learns
 # Set by the code for each use of the model (training, evaluation, decoding), never by a config.
-RUN_MODE_FIELDS = {'vocab_size', 'output_vocab_size', 'deterministic', 'decode',
-                   'attention_projection'}
+RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode', 'attention_projection'}
 
 
 class ConfigError(ValueError):
@@ -95,11 +94,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
           f'{BYTE_AND_SPECIAL_PIECES} of it, and the pieces learned from the text come on top; '
           'use at least a few hundred more')
-  target_vocab_size = _check_int(config, 'target_vocab_size', 0)
-  if target_vocab_size and not BYTE_AND_SPECIAL_PIECES < target_vocab_size <= config.vocab_size:
-    _fail('target_vocab_size', target_vocab_size,
-          f'must be 0 (all pieces) or above the {BYTE_AND_SPECIAL_PIECES} byte pieces and special '
-          f'ids and at most config.vocab_size={config.vocab_size}')
   for key in ('model.dropout_rate', 'model.attention_dropout_rate', 'model.relu_dropout_rate',
               'label_smoothing'):
     _check_real(config, key, 0.0, 1.0)
@@ -212,8 +206,7 @@ def model_config(config: ml_collections.ConfigDict, implementations=None) -> Tra
   if implementations is not None:
     model.update(attention_implementation=implementations.attention,
                  attention_projection=implementations.attention_projection)
-  return TransformerConfig(vocab_size=config.vocab_size,
-                           output_vocab_size=config.target_vocab_size or None, **model)
+  return TransformerConfig(vocab_size=config.vocab_size, **model)
 
 
 def compound_split(config: ml_collections.ConfigDict) -> bool:
@@ -226,7 +219,7 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'cooldown_steps': 0, 'target_vocab_size': 0}
+              'cooldown_steps': 0}
 # Implementations since removed, each read as the default that computes the same.
 REMOVED_MODEL_KEYS = ('norm_implementation',)
 REMOVED_VALUES = {'loss_reduction': {'pallas': ''}}

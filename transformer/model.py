@@ -26,7 +26,6 @@ class TransformerConfig:
   """Architecture and run mode; defaults are the paper's base model."""
 
   vocab_size: int
-  output_vocab_size: int | None = None  # scores for ids [0, this) only; None: all vocab_size
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8
@@ -379,9 +378,6 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
   """Encoder-decoder; `__call__(sources, targets)` gives float32 logits [batch, target_len, vocab].
 
-  `vocab` is `output_vocab_size` where set: only that many first ids are scored, the target
-  language's pieces (transformer/data/vocabulary.py numbers them first).
-
   Parameters: `source_embedding` (the shared table unless `share_embeddings=False`, which adds
   `target_embedding`), `encoder`, `decoder`, and `output_projection` only when
   `tie_output_embedding=False`.
@@ -408,7 +404,7 @@ class Transformer(nn.Module):
     output = target_embedding
     if not cfg.tie_output_embedding:  # a [vocab, d_model] table of its own
       output = self.output_projection = embed(embedding_init=_dense_init())
-    self.project_output = lambda y: project(y, output.embedding[:cfg.output_vocab_size])
+    self.project_output = lambda y: project(y, output.embedding)
 
   def encode(self, sources, source_positions=None, source_segment_ids=None) -> Array:
     """The encoder's output [batch, length, d_model]; arguments as in `Encoder`."""
@@ -481,19 +477,17 @@ def project(states: Array, table: Array) -> Array:
   return kernels.low_precision_logits(states, table)
 
 
-def output_table(params, size: int | None = None) -> Array:
-  """The pre-softmax projection as a [size, d_model] table, its first `size` rows (the model's
-  `output_vocab_size`; None: all): logits = output . table^T."""
+def output_table(params) -> Array:
+  """The pre-softmax projection as a [vocab, d_model] table: logits = output . table^T."""
   if 'output_projection' in params:
-    table = params['output_projection']['embedding']
-  else:
-    table = params.get('target_embedding', params['source_embedding'])['embedding']
-  return table if size is None else table[:size]
+    return params['output_projection']['embedding']
+  return params.get('target_embedding', params['source_embedding'])['embedding']
 
 
-def parameters_per_token(params, output_vocab_size: int | None = None) -> tuple[int, int]:
-  """Parameters used per source token (encoder) and per target token (decoder, and the output
-  table's first `output_vocab_size` rows, or all); `params` may be shapes."""
+def parameters_per_token(params) -> tuple[int, int]:
+  """Parameters used per source token (encoder) and per target token (decoder + projection)."""
   size = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
-  rows, width = output_table(params).shape
-  return size(params['encoder']), size(params['decoder']) + (output_vocab_size or rows) * width
+  embedding = params['source_embedding']['embedding'].size
+  decoder = size(params['decoder']) + size(params.get('output_projection', {})) + (
+      embedding if 'output_projection' not in params else 0)
+  return size(params['encoder']), decoder

@@ -63,8 +63,7 @@ def _batch_sums(params, batch, model: nn.Module, label_smoothing: float,
     sums = loss.token_sums(logits, batch['targets'], label_smoothing)
   else:  # transformer/kernels/loss.py: the logits a chunk at a time, or read once
     states = model.apply({'params': params}, **batch, project=False, rngs=rngs)
-    table = output_table(params, model.config.output_vocab_size)
-    sums = kernel_loss.projected_token_sums(states, table, batch['targets'],
+    sums = kernel_loss.projected_token_sums(states, output_table(params), batch['targets'],
                                             label_smoothing, chunk, reduction)
   sums['source_tokens'] = (batch['sources'] > 0).sum().astype(jnp.float32)
   return sums

@@ -36,8 +36,7 @@ from transformer.files import (DirectoryError, check_writable, make_directory, s
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
-RESUME_KEYS = ('model', 'vocab_size', 'target_vocab_size', 'vocab_model_type', 'dataset',
-               'source_lang', 'target_lang')
+RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang')
 # Model keys that choose how the model computes, not its parameters: a resumed run may change
 # them, and a config.json from before they existed lacks them.
 IMPLEMENTATION_KEYS = ('attention_implementation', 'output_projection_dtype')
@@ -497,10 +496,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.St
   except BaseException:
     preemption.restore()
     raise
-  model_config = steps.train_model.config
-  parameters_per_token = model.parameters_per_token(steps.param_shapes,
-                                                    model_config.output_vocab_size)
-  logging.info('model: %s parameters', f'{model.parameter_count(model_config):,}')
+  parameters_per_token = model.parameters_per_token(steps.param_shapes)
+  logging.info('model: %s parameters', f'{sum(parameters_per_token):,}')
   params_of = jax.pmap(steps.params_tree, train_step.AXIS)  # for BLEU on the way
 
   optimizer_step = _OptimizerStep(steps, config.grad_accum_steps)

@@ -24,8 +24,7 @@ def prepare(config: ml_collections.ConfigDict) -> list[str]:
   """
   began = time.time()
   train = sources.load_split(config, 'train')  # a TFDS dataset is downloaded and prepared here
-  vocab = vocabulary.Vocabulary(vocabulary.load_or_train_model(config, train),
-                                config.target_vocab_size)
+  vocab = vocabulary.Vocabulary(vocabulary.load_or_train_model(config, train))
   summary = [f'vocabulary ({config.vocab_size} pieces): {vocabulary.stored_path(config, train)}']
   for split in splits(config):
     corpus = train if split == 'train' else sources.load_split(config, split)

@@ -67,9 +67,7 @@ def token_dtype(vocab_size: int) -> type:
 
 def store_dir(config, corpus: sources.Corpus, vocab: Vocabulary) -> str:
   """Where `corpus`'s token ids under `vocab` are stored."""
-  # Target text split into fewer pieces is tokenized anew.
-  restricted = (config.target_vocab_size,) if config.target_vocab_size else ()
-  key = sources.digest(corpus.digest, hashlib.sha256(vocab.model_proto).hexdigest(), *restricted)
+  key = sources.digest(corpus.digest, hashlib.sha256(vocab.model_proto).hexdigest())
   return os.path.join(sources.prepared_dir(config), 'tokens', key[:16])
 
 
@@ -82,7 +80,7 @@ def tokenize(corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
   for start in range(0, len(corpus), CHUNK):
     texts = corpus.texts(range(start, min(start + CHUNK, len(corpus))))
     for side, side_texts in zip(SIDES, texts):
-      ids = vocab.encode_batch(side_texts, add_eos=True, target=side == 'target')
+      ids = vocab.encode_batch(side_texts, add_eos=True)
       lengths = np.fromiter(map(len, ids), np.int32, len(ids))
       tokens, chunk_lengths = pieces[side]
       tokens.append(np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())))

@@ -5,13 +5,8 @@ Fixed ids: PAD_ID=0 (padding, and the decoder's start symbol), EOS_ID=1 (ends ev
 UNK_ID=2; there is no beginning-of-sentence id. The text is kept as written (no NFKC rewriting), and
 characters the training text lacks are spelled as UTF-8 bytes (256 byte pieces), so decoding gives
 back any input exactly, never the unknown symbol.
-
-With config.target_vocab_size = n > 0 the pieces are renumbered so that the target language's come
-first (`target_pieces_first`), and target text is split into the first n alone: the model's output
-layer then scores n pieces instead of all, the pieces it would otherwise learn never to produce.
 """
 
-import collections
 import io
 import os
 import time
@@ -20,7 +15,6 @@ import jax
 import ml_collections
 import numpy as np
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2
 from absl import logging
 from etils import epath
 
@@ -34,21 +28,11 @@ WAIT_SECS = 4 * 3600  # other hosts wait this long for process 0 to train the vo
 
 
 class Vocabulary:
-  """Text <-> token ids; `encode` adds no EOS, `decode` stops at the first EOS and skips padding.
+  """Text <-> token ids; `encode` adds no EOS, `decode` stops at the first EOS and skips padding."""
 
-  Args:
-    model_proto: a SentencePiece model.
-    target_vocab_size: > 0: target text (`encode_batch(..., target=True)`) is split into the first
-      this many pieces alone, those of a `target_pieces_first` model; 0: into any.
-  """
-
-  def __init__(self, model_proto: bytes, target_vocab_size: int = 0):
+  def __init__(self, model_proto: bytes):
     self.model_proto = model_proto
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
-    self._target_processor = self._processor
-    if target_vocab_size:
-      self._target_processor = spm.SentencePieceProcessor(
-          model_proto=_first_pieces_only(model_proto, target_vocab_size))
 
   @property
   def vocab_size(self) -> int:
@@ -57,11 +41,8 @@ class Vocabulary:
   def encode(self, text: str) -> list[int]:
     return self._processor.encode(text)
 
-  def encode_batch(self, texts: list[str], add_eos: bool = False,
-                   target: bool = False) -> list[list[int]]:
-    """Each text's ids; `target`: target-language text, split into the output layer's pieces."""
-    processor = self._target_processor if target else self._processor
-    return processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
+  def encode_batch(self, texts: list[str], add_eos: bool = False) -> list[list[int]]:
+    return self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
 
   def pieces(self, ids) -> list[str]:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
@@ -74,59 +55,9 @@ class Vocabulary:
     return self._processor.decode([i for i in ids if i != PAD_ID])
 
 
-def _parse(model_proto: bytes) -> sentencepiece_model_pb2.ModelProto:
-  model = sentencepiece_model_pb2.ModelProto()
-  model.ParseFromString(model_proto)
-  return model
-
-
-def target_pieces_first(model_proto: bytes, target_texts: list[str]) -> bytes:
-  """`model_proto` renumbered: the special ids and bytes where they were, then every single
-  character, then the other pieces `target_texts` are split into, most used first, then the rest.
-
-  SentencePiece splits text by the pieces' scores, not their ids, so any text is split as before,
-  only its ids renumbered; the first pieces spell any text (`_first_pieces_only`).
-  """
-  model = _parse(model_proto)
-  pieces = list(model.pieces)
-  normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
-  processor = spm.SentencePieceProcessor(model_proto=model_proto)
-  uses = collections.Counter(i for ids in processor.encode(target_texts,
-                                                          num_threads=os.cpu_count()) for i in ids)
-  fixed = [i for i, piece in enumerate(pieces) if piece.type != normal]  # ids 0-258
-  learned = [i for i, piece in enumerate(pieces) if piece.type == normal]
-  rank = lambda i: (len(pieces[i].piece) > 1, -uses[i], i)  # characters, then by use
-  order = fixed + sorted(learned, key=rank)
-  del model.pieces[:]
-  model.pieces.extend(pieces[i] for i in order)
-  used = sum(uses[i] > 0 for i in learned)
-  logging.info('vocabulary renumbered: ids 0-%d are the %d special ids and bytes and the %d pieces '
-               'the target side uses, of %d in all', len(fixed) + used - 1, len(fixed), used,
-               len(pieces))
-  return model.SerializeToString()
-
-
-def _first_pieces_only(model_proto: bytes, size: int) -> bytes:
-  """`model_proto` with its learned pieces from id `size` on marked unused: SentencePiece then
-  splits text into the first `size` alone."""
-  model = _parse(model_proto)
-  normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
-  characters = [i for i, piece in enumerate(model.pieces)
-                if piece.type == normal and len(piece.piece) == 1]
-  if characters and characters[-1] >= size:
-    raise DataError(f'config.target_vocab_size={size}: below the {characters[-1] + 1} pieces (3 '
-                    f'special ids, 256 bytes, {len(characters)} characters) that spell any text; '
-                    f'raise it to at least {characters[-1] + 1}, or 0 for all pieces')
-  for piece in model.pieces[size:]:
-    if piece.type == normal:
-      piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.UNUSED
-  return model.SerializeToString()
-
-
 def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> bytes:
   """A SentencePiece model proto trained on both sides of up to vocab_sample_size pairs of the
-  training `corpus`; its pieces numbered `target_pieces_first` where config.target_vocab_size > 0,
-  by their use in those pairs' targets."""
+  training `corpus`."""
   size = min(len(corpus), config.vocab_sample_size)
   indices = np.sort(np.random.default_rng(config.seed).choice(len(corpus), size, replace=False))
   source_texts, target_texts = corpus.texts(indices.tolist())
@@ -143,17 +74,14 @@ def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> by
   except RuntimeError as error:
     raise DataError(f'config.vocab_size={config.vocab_size}: SentencePiece cannot build it from '
                     f'{corpus.name} ({error}); change config.vocab_size as it says') from None
-  if config.target_vocab_size:
-    return target_pieces_first(model.getvalue(), target_texts)
   return model.getvalue()
 
 
 def stored_path(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> str:
   """Where the vocabulary of `corpus` (the training split) and these settings is kept for every
   run: beside the prepared data, under a hash of both."""
-  numbering = ('target pieces first', config.target_lang) if config.target_vocab_size else ()
   key = sources.digest(corpus.digest, config.vocab_size, config.vocab_model_type,
-                       config.vocab_sample_size, config.seed, *numbering)
+                       config.vocab_sample_size, config.seed)
   return os.path.join(sources.prepared_dir(config), 'vocabularies', key[:16], 'sentencepiece.model')
 
 
@@ -213,4 +141,4 @@ def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabula
     raise DataError(f'{path} has {vocab.vocab_size} pieces but config.vocab_size='
                     f'{config.vocab_size} in the run\'s config.json: they are of other runs; '
                     'restore the run\'s own copies, or train in a new --workdir')
-  return Vocabulary(vocab.model_proto, config.target_vocab_size)
+  return vocab
