@@ -1,10 +1,11 @@
 r"""Averages the parameters of a run's last N checkpoints into a new workdir.
 
-  python average_checkpoints.py --workdir=DIR --average_last=5 --output_dir=OUT
+  python average_checkpoints.py --workdir=DIR --average_last=5 [--up_to_step=S] --output_dir=OUT
   python eval.py --workdir=OUT --output_dir=OUT/eval
 
 OUT gets the run's config.json (with average_last=1: its one checkpoint is already the average)
-and vocabulary, and one checkpoint at the newest averaged step. (eval.py averages the last
+and vocabulary, and one checkpoint at the newest averaged step; --up_to_step averages the last
+checkpoints at or before step S, the run as it stood then. (eval.py averages the last
 config.average_last checkpoints in memory without writing anything.)
 """
 
@@ -22,6 +23,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average
 _AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'How many of the newest checkpoints '
                                      "(default: the config's average_last, as the paper "
                                      'evaluates: 5 for base, 20 for big).')
+_UP_TO_STEP = flags.DEFINE_integer('up_to_step', None, 'Average the last checkpoints at or '
+                                   'before this step: the run as it stood then (default: the '
+                                   'newest).', lower_bound=0)
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'New workdir for the average.')
 flags.mark_flags_as_required(['workdir', 'output_dir'])
 
@@ -36,7 +40,8 @@ def main(argv):
     with files.made_for_the_block(output_dir, '--output_dir'):
       files.check_writable(os.path.join(output_dir, 'config.json'), '--output_dir')
       last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
-      steps = checkpoints.write_average(_WORKDIR.value, output_dir, config, last)
+      steps = checkpoints.write_average(_WORKDIR.value, output_dir, config, last,
+                                        _UP_TO_STEP.value)
       averaged_config = json.loads(config.to_json())
       averaged_config['average_last'] = 1
       files.write_atomically(os.path.join(output_dir, vocabulary.MODEL_FILE), vocab.model_proto)

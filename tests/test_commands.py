@@ -28,6 +28,7 @@ def run_script(*args):
                   '--process_id']),
     ('eval.py', ['--workdir', '--split', '--source_file', '--reference_file', '--average_last',
                  '--up_to_step', '--beam_size', '--alpha', '--output_dir']),
+    ('average_checkpoints.py', ['--workdir', '--average_last', '--up_to_step', '--output_dir']),
 ])
 def test_entry_points_print_help(script, flag_names):
   result = run_script(script, '--help')

@@ -141,6 +141,9 @@ def test_up_to_step_averages_the_checkpoints_the_run_held_at_that_step(workdir, 
       f'eval.py: {workdir}/checkpoints holds no checkpoint at or before step 49 (steps '
       '[50, 75, 100]); ask for a later step')
   assert not (tmp_path / 'none').exists()
+  # A long run's kept steps are named by their ends.
+  assert checkpoints._named(list(range(100, 6600, 100))) == (  # pylint: disable=protected-access
+      '65 steps: 100, 200, ..., 6400, 6500')
 
 
 def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
@@ -156,6 +159,17 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(written), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_array_equal(a, b)
   assert data.load_vocabulary(config, out).vocab_size == config.vocab_size
+  # --up_to_step: the run as it stood at step 80, its checkpoint at 75 the newest averaged.
+  then = str(tmp_path / 'then')
+  result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
+                      '--up_to_step=80', f'--output_dir={then}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'averaged steps [50, 75]' in result.stdout
+  written, steps = checkpoints.load_params(then, config)
+  expected, _ = checkpoints.load_params(workdir, config, average_last=2, up_to_step=80)
+  assert steps == [75]
+  for a, b in zip(jax.tree_util.tree_leaves(written), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(a, b)
   # A directory that holds checkpoints, the run's own included, is refused before any is read.
   before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
   for existing in (out, workdir):

@@ -372,6 +372,13 @@ def state_shapes(config):
   return {'params': state.params, 'opt_state': state.opt_state}
 
 
+def _named(steps: list[int]) -> str:
+  """`steps` as an error names them: all of a few, the ends of many."""
+  if len(steps) <= 6:
+    return f'steps {steps}'
+  return f'{len(steps)} steps: {steps[0]}, {steps[1]}, ..., {steps[-2]}, {steps[-1]}'
+
+
 def load_params(workdir: str, config, average_last: int | None = None,
                 up_to_step: int | None = None):
   """The parameters to evaluate a run with: the mean of its last checkpoints, as the paper does.
@@ -396,7 +403,7 @@ def load_params(workdir: str, config, average_last: int | None = None,
     steps = checkpoints.averaged_steps(len(kept), up_to_step)
     if not steps and kept:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint at or before step '
-                            f'{up_to_step} (steps {kept}); ask for a later step')
+                            f'{up_to_step} ({_named(kept)}); ask for a later step')
     if not steps:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
     held = (f'{len(steps)} scheduled checkpoints' +
@@ -408,23 +415,25 @@ def load_params(workdir: str, config, average_last: int | None = None,
                         config.average_last, checkpoints.directory, held)
     elif not 1 <= average_last <= len(steps):
       raise CheckpointError(f'average_last={average_last}, but {checkpoints.directory} holds '
-                            f'{held} (steps {steps}); ask for 1 to {len(steps)}')
+                            f'{held} ({_named(steps)}); ask for 1 to {len(steps)}')
     return checkpoints.mean_params(average_last, state_shapes(config), up_to_step)
   finally:
     checkpoints.close()
 
 
-def write_average(workdir: str, output_workdir: str, config, last: int) -> list[int]:
+def write_average(workdir: str, output_workdir: str, config, last: int,
+                  up_to_step: int | None = None) -> list[int]:
   """Writes the mean parameters of a run's last checkpoints as a checkpoint of a new workdir.
 
-  It takes the newest checkpoint's step, optimizer state and data position, so the output can be
-  evaluated like any run, or trained on.
+  It takes the newest averaged checkpoint's step, optimizer state and data position, so the
+  output can be evaluated like any run, or trained on.
 
   Args:
     workdir: the run to average.
     output_workdir: a directory without checkpoints, for the average.
     config: the run's config.
     last: how many of the newest checkpoints to average.
+    up_to_step: only the checkpoints at or before this step count (None: all).
 
   Returns:
     The steps averaged.
@@ -439,7 +448,7 @@ def write_average(workdir: str, output_workdir: str, config, last: int) -> list[
                             'directory')
   finally:
     existing.close()
-  params, steps = load_params(workdir, config, last)
+  params, steps = load_params(workdir, config, last, up_to_step)
   source = Checkpoints(workdir, read_only=True)
   try:
     newest, meta = source.restore(steps[-1], state_shapes(config))
