@@ -41,11 +41,11 @@ from jax.experimental import topologies  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from benchmarks.measure import add_row  # noqa: E402
-from transformer import commands, decode, model, train_step  # noqa: E402
+from transformer import commands, model, train_step  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
 from transformer.data import batching  # noqa: E402
 from transformer.kernels import choice, packing  # noqa: E402
-from transformer.translate import LENGTH_STEP, decode_batches  # noqa: E402
+from transformer.translate import LENGTH_STEP, decode_batches, search_function  # noqa: E402
 
 FLAGS = flags.FLAGS
 # A chip's memory as Google gives it, for the reader: device kind -> (bytes, where, as written
@@ -187,12 +187,7 @@ def plan(config, topology: str) -> dict:
   ((_, decode_rows, decode_length),) = decode_batches(
       [config.max_length], max(implementations.decode_batch_tokens // config.beam_size,
                                LENGTH_STEP), 1)
-  model_config = config_lib.model_config(config, implementations)
-
-  def search(params, sources):
-    return decode.beam_search(model_config, params, sources, beam_size=config.beam_size,
-                              alpha=config.alpha, extra_length=config.decode_extra_length)[0]
-
+  search = search_function(config, implementations, config.beam_size, config.alpha)
   programs['beam_search'] = compile_program(
       search, devices, (), replicated(steps.param_shapes, count),
       jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32))

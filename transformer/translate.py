@@ -75,6 +75,19 @@ class Interrupted(Exception):
   """A translation stopped before its end because its `stop` callback asked for it."""
 
 
+def search_function(config: ml_collections.ConfigDict, implementations: choice.Implementations,
+                    beam_size: int, alpha: float):
+  """The beam search a `Translator` runs on each device: (params, sources [rows, length]) -> the
+  best output's ids [rows, length + config.decode_extra_length]."""
+  model_config = config_lib.model_config(config, implementations)
+
+  def search(params, sources):
+    return decode.beam_search(model_config, params, sources, beam_size=beam_size, alpha=alpha,
+                              extra_length=config.decode_extra_length)[0]
+
+  return search
+
+
 class Translator:
   """Beam search over all local devices, sentences grouped by length; outputs in input order.
 
@@ -89,7 +102,6 @@ class Translator:
                alpha: float):
     self.config, self.vocab, self.beam_size, self.alpha = config, vocab, beam_size, alpha
     implementations = choice.for_this_machine(config)
-    model_config = config_lib.model_config(config, implementations)
     self.devices = jax.local_device_count()
     # Source tokens per device and call: beam_size hypotheses of each sentence share the budget.
     self.tokens_per_device = max(implementations.decode_batch_tokens // beam_size, LENGTH_STEP)
@@ -97,11 +109,7 @@ class Translator:
     # of words would take minutes (its compiled shape and output as long), and learned
     # positions cover no more (config.validate).
     self.max_source_tokens = config.max_length
-
-    def search(params, sources):
-      return decode.beam_search(model_config, params, sources, beam_size=beam_size, alpha=alpha,
-                                extra_length=config.decode_extra_length)[0]
-
+    search = search_function(config, implementations, beam_size, alpha)
     self.programs = compile_ahead.Programs(jax.pmap(search))  # keyed by (rows per device, length)
 
   @property
