@@ -3,7 +3,10 @@
 trainer.train runs in this process (on its four devices) except where a separate process is the
 point: a SIGTERM, another device count, several hosts, train.py's own error lines."""
 
+import asyncio
+import gc
 import json
+import logging
 import os
 import re
 import resource
@@ -588,6 +591,34 @@ def test_checkpoints_save_on_a_thread_and_a_failed_save_raises_at_the_next_wait(
   with pytest.raises(ZeroDivisionError):
     checkpoints.wait()
   checkpoints.close()
+
+
+def test_after_a_failed_save_its_write_tasks_collected_later_log_nothing(tmp_path, monkeypatch,
+                                                                         caplog):
+  """The one-line error is the last word: a failed write task of Orbax's that is collected after
+  it does not make asyncio log the error again, with a traceback."""
+  asyncio_logger = logging.getLogger('asyncio')
+  monkeypatch.setattr(asyncio_logger, 'level', asyncio_logger.level)  # restored afterwards
+  checkpoints = Checkpoints(str(tmp_path), keep=2)
+  all_steps = checkpoints.manager.all_steps
+  checkpoints.manager.all_steps = lambda: []  # as after a write that failed
+  checkpoints.save(1, {'w': np.arange(6, dtype=np.float32)}, {'step': 1})
+  with pytest.raises(CheckpointError, match=r'checkpoint 1 could not be written to .* \(not '
+                     r'written; a checkpoint takes'):
+    checkpoints.wait()
+  checkpoints.manager.all_steps = all_steps
+  checkpoints.close()
+
+  async def write():
+    raise ValueError('OUT_OF_RANGE: Error writing "int32/0"')
+
+  loop = asyncio.new_event_loop()
+  task = loop.create_task(write())
+  loop.run_until_complete(asyncio.sleep(0.01))
+  loop.close()
+  del task
+  gc.collect()
+  assert not [record for record in caplog.records if record.name == 'asyncio']
 
 
 def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp_path):

@@ -282,6 +282,9 @@ class Checkpoints:
   def _unwritten(self, step: int, size: int, failure: Exception | None) -> str:
     """Removes what the failed save of `step` left, and says what happened."""
     self._remove_unwritten(step)
+    # Orbax's write tasks that failed with it can be collected later, after this message, and
+    # asyncio then logs their error again with a traceback.
+    std_logging.getLogger('asyncio').setLevel(std_logging.CRITICAL)
     reason = (getattr(failure, 'strerror', None) or (str(failure).strip().splitlines() or [''])[0]
               if failure else 'not written')
     if code := re.search(r"os_error_code='(\d+)'", reason):  # TensorStore's message ends with it
