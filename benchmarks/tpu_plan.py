@@ -45,7 +45,8 @@ from transformer import commands, model, train_step  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
 from transformer.data import batching  # noqa: E402
 from transformer.kernels import choice, packing  # noqa: E402
-from transformer.translate import LENGTH_STEP, decode_batches, search_function  # noqa: E402
+from transformer.translate import (decode_batches, search_function,  # noqa: E402
+                                   source_tokens_per_device)
 
 FLAGS = flags.FLAGS
 # A chip's memory as Google gives it, for the reader: device kind -> (bytes, where, as written
@@ -185,8 +186,7 @@ def plan(config, topology: str) -> dict:
   programs['eval_step'] = compile_program(steps.eval_step, devices, (), states.params, batch)
   # A call of max_length sources, as Translator plans it.
   ((_, decode_rows, decode_length),) = decode_batches(
-      [config.max_length], max(implementations.decode_batch_tokens // config.beam_size,
-                               LENGTH_STEP), 1)
+      [config.max_length], source_tokens_per_device(implementations, config.beam_size), 1)
   search = search_function(config, implementations, config.beam_size, config.alpha)
   programs['beam_search'] = compile_program(
       search, devices, (), replicated(steps.param_shapes, count),

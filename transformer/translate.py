@@ -75,6 +75,12 @@ class Interrupted(Exception):
   """A translation stopped before its end because its `stop` callback asked for it."""
 
 
+def source_tokens_per_device(implementations: choice.Implementations, beam_size: int) -> int:
+  """Source tokens a device takes per beam-search call: beam_size hypotheses of each sentence
+  share the machine's decode budget."""
+  return max(implementations.decode_batch_tokens // beam_size, LENGTH_STEP)
+
+
 def search_function(config: ml_collections.ConfigDict, implementations: choice.Implementations,
                     beam_size: int, alpha: float):
   """The beam search a `Translator` runs on each device: (params, sources [rows, length]) -> the
@@ -103,8 +109,7 @@ class Translator:
     self.config, self.vocab, self.beam_size, self.alpha = config, vocab, beam_size, alpha
     implementations = choice.for_this_machine(config)
     self.devices = jax.local_device_count()
-    # Source tokens per device and call: beam_size hypotheses of each sentence share the budget.
-    self.tokens_per_device = max(implementations.decode_batch_tokens // beam_size, LENGTH_STEP)
+    self.tokens_per_device = source_tokens_per_device(implementations, beam_size)
     # Longer sources are cut to this: the model learned from none longer, a line of thousands
     # of words would take minutes (its compiled shape and output as long), and learned
     # positions cover no more (config.validate).
