@@ -4,6 +4,7 @@ r"""Multi30k reproduction: train.py from scratch, then eval.py's BLEU, as a row 
       [--label=NAME] [--workdir=DIR] [--override=key=value ...] [--splits=validation,test]
   python -m benchmarks.reproduce_multi30k --rescore=LABEL [--average_last=N] [--beam_size=B]
       [--alpha=A] --label=NAME [--splits=validation]
+  python -m benchmarks.reproduce_multi30k --rescore=LABEL --splits=test
 
 Trains `configs/multi30k.py:<pair>` (with the overrides) in a new --workdir (default
 runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparation, compilation,
@@ -17,6 +18,12 @@ beside the recipe, as a recipe is chosen on validation only.
 --rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with another
 checkpoint average, beam or length penalty, a row whose overrides are LABEL's plus those given
 (`average_last=N`, `beam_size=B`, `alpha=A`; its training minutes and machine are LABEL's).
+Without those, it scores the splits row LABEL lacks (test2016, once a candidate is chosen on
+validation) and adds them to it.
+
+eval.py is given each row's decoding whole, as its overrides turn today's config into it: a run
+trained under an older recipe keeps that recipe's decoding in its config.json, which a row of
+today's config must not inherit.
 """
 
 import json
@@ -29,6 +36,7 @@ import time
 from absl import app, flags
 
 from benchmarks.measure import add_row, commit, machine, machine_name
+from configs import multi30k
 
 MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
                                  'Directory of the Multi30k files.')
@@ -64,11 +72,14 @@ def train() -> tuple[str, dict]:
                    'steps': config['num_train_steps'], 'train_minutes': train_minutes}
 
 
-def rescored() -> tuple[str, dict]:
-  """The run of the row --rescore names; (its workdir, its row with the decoding changes added)."""
+def rescored() -> tuple[str, str, dict]:
+  """The run of the row --rescore names; (its workdir, the label and row its scores go to: a new
+  row with the decoding changes given, or without any, its own row, to be scored on more splits)."""
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
-  return workdir_of(FLAGS.rescore), rescored_row(rows, FLAGS.rescore, decoding())
+  if decoding():
+    return workdir_of(FLAGS.rescore), FLAGS.label, rescored_row(rows, FLAGS.rescore, decoding())
+  return workdir_of(FLAGS.rescore), FLAGS.rescore, completed_row(rows, FLAGS.rescore, FLAGS.splits)
 
 
 def decoding() -> dict:
@@ -77,15 +88,16 @@ def decoding() -> dict:
   return {name: value for name, value in given.items() if value is not None}
 
 
+def _row(rows: dict, label: str) -> dict:
+  if label not in rows:
+    raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
+  return rows[label]
+
+
 def rescored_row(rows: dict, label: str, changes: dict) -> dict:
   """Row `label`'s training fields and machine, its overrides followed by `changes` (which replace
   an override of the same key)."""
-  if label not in rows:
-    raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
-  if not changes:
-    raise SystemExit('--rescore needs what to score differently: --average_last=N, '
-                     '--beam_size=B or --alpha=A')
-  base = rows[label]
+  base = _row(rows, label)
   changed = [f'{name}={value}' for name, value in changes.items()]
   kept = [o for o in base['overrides'] if o.split('=', 1)[0] not in changes]  # replaced, not twice
   return {'pair': base['pair'], 'overrides': kept + changed,
@@ -93,21 +105,50 @@ def rescored_row(rows: dict, label: str, changes: dict) -> dict:
           'machine': base['machine']}
 
 
+def completed_row(rows: dict, label: str, splits: list[str]) -> dict:
+  """Row `label` as it is, to be scored on `splits`, none of which it has."""
+  row = _row(rows, label)
+  if scored := [split for split in splits if split in row['splits']]:
+    raise SystemExit(f'--rescore={label}: already scored on {", ".join(scored)}; give --splits '
+                     'it lacks, or --average_last=N, --beam_size=B or --alpha=A to score it '
+                     'another way')
+  return row
+
+
+def stated_decoding(row: dict) -> dict:
+  """The decoding a row states, eval.py's names to their values: today's
+  `configs/multi30k.py:<pair>` with the row's overrides."""
+  config = multi30k.get_config(row['pair'])
+  stated = {name: config[name] for name in DECODING}
+  for override in row['overrides']:
+    name, value = override.split('=', 1)
+    if name in stated:
+      stated[name] = type(stated[name])(value)
+  return stated
+
+
 def main(argv):
   del argv
+  if decoding() and not FLAGS.rescore:
+    raise SystemExit('--average_last, --beam_size and --alpha rescore a row (--rescore=LABEL); '
+                     'a new run takes them as --override=key=value')
   code = commit(ROOT)  # the checkout may move on while train.py runs
-  workdir, row = rescored() if FLAGS.rescore else train()
-  row.update(splits={}, commit=code)
+  if FLAGS.rescore:
+    workdir, label, row = rescored()
+  else:
+    (workdir, row), label = train(), FLAGS.label
+  row.setdefault('splits', {})
+  row.setdefault('commit', code)  # a row scored on more splits keeps the commit it trained
   row.setdefault('machine', machine())  # where the training minutes were measured
-  decode_flags = [f'--{name}={value}' for name, value in decoding().items()]
+  decode_flags = [f'--{name}={value}' for name, value in stated_decoding(row).items()]
   for split in FLAGS.splits:
-    output_dir = os.path.join(workdir, f'eval_{FLAGS.label}_{split}')
+    output_dir = os.path.join(workdir, f'eval_{label}_{split}')
     run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}',
         *decode_flags)
     with open(os.path.join(output_dir, 'scores.json')) as f:
       row['splits'][split] = json.load(f)
 
-  add_row(FLAGS.output, 'multi30k', FLAGS.label, row, markdown)
+  add_row(FLAGS.output, 'multi30k', label, row, markdown)
 
 
 def overrides_text(row: dict) -> str:

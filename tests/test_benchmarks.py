@@ -20,7 +20,7 @@ import pytest
 from benchmarks import hlo, profile_step, reproduce_multi30k, tpu_plan, wmt_scale, workload
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
-from configs import tiny
+from configs import multi30k, tiny
 from transformer import decode
 import test_model
 
@@ -427,8 +427,77 @@ def test_a_rescored_row_is_its_runs_training_scored_another_way(monkeypatch):
   del rows['alpha 1.0']
   with pytest.raises(SystemExit, match=r'--rescore=recipe: no such row .*rows: dropout 0.3\)'):
     reproduce_multi30k.rescored_row(rows, 'recipe', {'average_last': 10})
-  with pytest.raises(SystemExit, match='--rescore needs what to score differently'):
-    reproduce_multi30k.rescored_row(rows, 'dropout 0.3', {})
+  # Without a decoding change, the row itself, to be scored on the splits it lacks.
+  rows['dropout 0.3']['splits'] = {'validation': {'sacrebleu': 30.0}}
+  assert reproduce_multi30k.completed_row(rows, 'dropout 0.3', ['test']) is rows['dropout 0.3']
+  with pytest.raises(SystemExit, match=r'--rescore=dropout 0.3: already scored on validation; '
+                     'give --splits it lacks'):
+    reproduce_multi30k.completed_row(rows, 'dropout 0.3', ['validation', 'test'])
+
+
+def test_a_rescore_decodes_as_its_row_states_not_as_the_run_was_trained(monkeypatch, tmp_path):
+  """A run trained under an older recipe (alpha 0.6 in its config.json) rescored with beam 8 is a
+  row of today's config with beam 8: eval.py is told today's alpha, not left to the run's."""
+  rows = {'old': {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 10, 'train_minutes': 1.0,
+                  'splits': {}, 'commit': 'abc1234', 'machine': {'cores': 2, 'cpu': 'CPU'}},
+          'old_avg3': {'pair': 'en-de', 'overrides': ['average_last=3', 'alpha=0.6'], 'steps': 10,
+                       'train_minutes': 1.0, 'splits': {}, 'commit': 'abc1234',
+                       'machine': {'cores': 2, 'cpu': 'CPU'}}}
+  with open(tmp_path / 'multi30k.json', 'w') as f:
+    json.dump(rows, f)
+  calls = []
+
+  def run(*args):
+    calls.append(args)
+    output_dir = next(a.split('=', 1)[1] for a in args if a.startswith('--output_dir='))
+    os.makedirs(output_dir)
+    with open(os.path.join(output_dir, 'scores.json'), 'w') as f:
+      json.dump(dict(sacrebleu=1.0, bleu_paper=1.0, sentences_per_sec=1.0, checkpoint_steps=[10]), f)
+
+  monkeypatch.setattr(reproduce_multi30k, 'run', run)
+  monkeypatch.setattr(reproduce_multi30k, 'commit', lambda checkout: 'def5678')
+  for label, rescore, changes, decoding in [
+      ('new_beam8', 'old', dict(beam_size=8), ['--average_last=5', '--beam_size=8', '--alpha=1.0']),
+      ('new_alpha1', 'old_avg3', dict(alpha=1.0),
+       ['--average_last=3', '--beam_size=4', '--alpha=1.0'])]:
+    flags = dict(average_last=None, beam_size=None, alpha=None) | changes
+    monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+        label=label, splits=['validation'], output=str(tmp_path), rescore=rescore,
+        workdir=str(tmp_path / rescore), **flags))
+    reproduce_multi30k.main([])
+    assert list(calls.pop()[4:]) == decoding
+  # No decoding change: row 'old' itself is scored on test, and keeps the commit it trained.
+  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+      label='recipe', splits=['test'], output=str(tmp_path), rescore='old',
+      workdir=str(tmp_path / 'old'), average_last=None, beam_size=None, alpha=None))
+  reproduce_multi30k.main([])
+  assert list(calls.pop()[2:]) == [
+      '--split=test', f'--output_dir={tmp_path / "old" / "eval_old_test"}', '--average_last=5',
+      '--beam_size=4', '--alpha=1.0']
+  with open(tmp_path / 'multi30k.json') as f:
+    written = json.load(f)
+  assert list(written) == ['old', 'old_avg3', 'new_beam8', 'new_alpha1']
+  assert (list(written['old']['splits']), written['old']['commit']) == (['test'], 'abc1234')
+  assert written['new_beam8']['overrides'] == ['seed=1', 'beam_size=8']
+  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+      label='x', rescore=None, average_last=None, beam_size=8, alpha=None))
+  with pytest.raises(SystemExit, match='a new run takes them as --override=key=value'):
+    reproduce_multi30k.main([])
+
+
+def test_every_multi30k_row_was_scored_with_the_decoding_and_steps_it_states():
+  """Each row of benchmarks/results/multi30k.json: its scores' beam, length penalty, checkpoints
+  averaged and its steps are those of today's config with its overrides."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'multi30k.json'), encoding='utf-8') as f:
+    rows = json.load(f)
+  for label, row in rows.items():
+    stated = reproduce_multi30k.stated_decoding(row)
+    steps = [multi30k.get_config(row['pair']).num_train_steps] + [
+        int(o.split('=', 1)[1]) for o in row['overrides'] if o.startswith('num_train_steps=')]
+    assert row['steps'] == steps[-1], label
+    for split, scores in row['splits'].items():
+      assert (scores['beam_size'], scores['alpha'], len(scores['checkpoint_steps'])) == (
+          stated['beam_size'], stated['alpha'], stated['average_last']), (label, split)
 
 
 def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
