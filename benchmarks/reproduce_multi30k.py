@@ -77,8 +77,8 @@ def rescored() -> tuple[str, str, dict]:
   row with the decoding changes given, or without any, its own row, to be scored on more splits)."""
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
-  if decoding():
-    return workdir_of(FLAGS.rescore), FLAGS.label, rescored_row(rows, FLAGS.rescore, decoding())
+  if changes := decoding():
+    return workdir_of(FLAGS.rescore), FLAGS.label, rescored_row(rows, FLAGS.rescore, changes)
   return workdir_of(FLAGS.rescore), FLAGS.rescore, completed_row(rows, FLAGS.rescore, FLAGS.splits)
 
 
@@ -89,6 +89,7 @@ def decoding() -> dict:
 
 
 def _row(rows: dict, label: str) -> dict:
+  """Row `label` of `rows`; an error naming the rows there are if it is not one."""
   if label not in rows:
     raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
   return rows[label]
