@@ -23,7 +23,9 @@ validation) and adds them to it.
 
 eval.py is given each row's decoding whole, as its overrides turn today's config into it: a run
 trained under an older recipe keeps that recipe's decoding in its config.json, which a row of
-today's config must not inherit.
+today's config must not inherit. A row also keeps its run's config (config.json without the data's
+path): when the recipe changes, a test finds each row whose overrides no longer turn today's config
+into the one its run trained (tests/test_benchmarks.py).
 """
 
 import json
@@ -68,8 +70,10 @@ def train() -> tuple[str, dict]:
   train_minutes = (time.time() - began) / 60
   with open(os.path.join(workdir, 'config.json')) as f:
     config = json.load(f)
+  del config['manual_dir']  # this machine's path
   return workdir, {'pair': FLAGS.pair, 'overrides': FLAGS.override,
-                   'steps': config['num_train_steps'], 'train_minutes': train_minutes}
+                   'steps': config['num_train_steps'], 'train_minutes': train_minutes,
+                   'config': config}
 
 
 def rescored() -> tuple[str, str, dict]:
@@ -101,9 +105,9 @@ def rescored_row(rows: dict, label: str, changes: dict) -> dict:
   base = _row(rows, label)
   changed = [f'{name}={value}' for name, value in changes.items()]
   kept = [o for o in base['overrides'] if o.split('=', 1)[0] not in changes]  # replaced, not twice
-  return {'pair': base['pair'], 'overrides': kept + changed,
-          'steps': base['steps'], 'train_minutes': base['train_minutes'],
-          'machine': base['machine']}
+  trained = {key: base[key] for key in ('steps', 'train_minutes', 'config', 'machine')
+             if key in base}  # rows written before rows kept their config have none
+  return {'pair': base['pair'], 'overrides': kept + changed, **trained}
 
 
 def completed_row(rows: dict, label: str, splits: list[str]) -> dict:
@@ -116,16 +120,48 @@ def completed_row(rows: dict, label: str, splits: list[str]) -> dict:
   return row
 
 
-def stated_decoding(row: dict) -> dict:
-  """The decoding a row states, eval.py's names to their values: today's
-  `configs/multi30k.py:<pair>` with the row's overrides."""
-  config = multi30k.get_config(row['pair'])
-  stated = {name: config[name] for name in DECODING}
+def flattened(config: dict, prefix: str = '') -> dict:
+  """A nested config as one level of dotted keys ('model.d_ff': 512, ...)."""
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, dict):
+      flat.update(flattened(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def stated_config(row: dict) -> dict:
+  """The config a row states, flattened: today's `configs/multi30k.py:<pair>` with the row's
+  overrides, each read as its key's type. An override of a key since removed states nothing."""
+  stated = flattened(multi30k.get_config(row['pair']).to_dict())
   for override in row['overrides']:
     name, value = override.split('=', 1)
     if name in stated:
-      stated[name] = type(stated[name])(value)
+      if isinstance(stated[name], bool):  # bool('False') is True
+        if value.lower() not in ('true', 'false'):
+          raise ValueError(f'override {override!r}: {name} is True or False')
+        stated[name] = value.lower() == 'true'
+      else:
+        stated[name] = type(stated[name])(value)
   return stated
+
+
+def unstated_training(row: dict) -> dict:
+  """Where a row's kept config and the config it states differ, key to (trained, stated); decoding,
+  which a rescored row changes, and keys added or removed since are left out. Empty for rows
+  written before rows kept their config."""
+  if 'config' not in row:
+    return {}
+  stated, trained = stated_config(row), flattened(row['config'])
+  shared = (stated.keys() & trained.keys()) - set(DECODING)
+  return {key: (trained[key], stated[key]) for key in sorted(shared) if trained[key] != stated[key]}
+
+
+def stated_decoding(row: dict) -> dict:
+  """The decoding a row states, eval.py's names to their values."""
+  stated = stated_config(row)
+  return {name: stated[name] for name in DECODING}
 
 
 def main(argv):

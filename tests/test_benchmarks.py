@@ -417,6 +417,9 @@ def test_a_rescored_row_is_its_runs_training_scored_another_way(monkeypatch):
   assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', {'average_last': 10}) == {
       'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3', 'average_last=10'], 'steps': 2000,
       'train_minutes': 56.0, 'machine': machine}
+  trained = {'model': {'dropout_rate': 0.3}}  # the run's config, which a newer row keeps
+  assert reproduce_multi30k.rescored_row(
+      {'x': dict(rows['dropout 0.3'], config=trained)}, 'x', {'alpha': 0.6})['config'] == trained
   monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
       average_last=None, beam_size=6, alpha=1.0))
   assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', reproduce_multi30k.decoding())[
@@ -498,6 +501,66 @@ def test_every_multi30k_row_was_scored_with_the_decoding_and_steps_it_states():
     for split, scores in row['splits'].items():
       assert (scores['beam_size'], scores['alpha'], len(scores['checkpoint_steps'])) == (
           stated['beam_size'], stated['alpha'], stated['average_last']), (label, split)
+
+
+def test_every_multi30k_row_states_the_config_its_run_trained():
+  """Today's config with a row's overrides is its run's config.json, for the rows that keep it."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'multi30k.json'), encoding='utf-8') as f:
+    rows = json.load(f)
+  assert any('config' in row for row in rows.values()), 'no row of multi30k.json keeps its config'
+  unstated = {label: reproduce_multi30k.unstated_training(row) for label, row in rows.items()}
+  assert {label: keys for label, keys in unstated.items() if keys} == {}
+
+
+def test_a_recipe_changed_without_its_older_rows_overrides_shows_in_them():
+  """A run of an en-de recipe of before, at another learning rate than today's: without an
+  `lr_scale` override its row states today's rate, and so does the row rescoring it with beam 8;
+  with the override, nothing differs."""
+  today = multi30k.get_config('en-de')
+  before = multi30k.get_config('en-de')
+  before.update_from_flattened_dict({'lr_scale': today.lr_scale / 2, 'seed': 1})
+  row = {'pair': 'en-de', 'overrides': ['seed=1'], 'config': json.loads(before.to_json())}
+  assert reproduce_multi30k.unstated_training(row) == {
+      'lr_scale': (today.lr_scale / 2, today.lr_scale)}
+  rescored = reproduce_multi30k.rescored_row({'old': row}, 'old', {'beam_size': 8})
+  assert reproduce_multi30k.unstated_training(rescored) == reproduce_multi30k.unstated_training(row)
+  row['overrides'].insert(0, f'lr_scale={today.lr_scale / 2}')
+  assert reproduce_multi30k.unstated_training(row) == {}
+  del row['config']
+  assert reproduce_multi30k.unstated_training(row) == {}  # a row written before rows kept one
+
+
+def test_a_row_states_its_overrides_each_as_its_keys_type(monkeypatch, tmp_path):
+  row = {'pair': 'en-fr', 'overrides': ['lr_scale=1.4', 'model.share_embeddings=False',
+                                        'model.d_ff=1024', 'target_vocab_size=10240']}
+  today = reproduce_multi30k.flattened(multi30k.get_config('en-fr').to_dict())
+  assert reproduce_multi30k.stated_config(row) == today | {  # target_vocab_size: a removed key
+      'lr_scale': 1.4, 'model.share_embeddings': False, 'model.d_ff': 1024}
+  with pytest.raises(ValueError, match="override 'packing=yes': packing is True or False"):
+    reproduce_multi30k.stated_config(dict(row, overrides=['packing=yes']))
+
+  def run(script, config_flag, workdir_flag, manual_dir_flag, *overrides):
+    """train.py's config.json, without the training."""
+    workdir = workdir_flag.split('=', 1)[1]
+    os.makedirs(workdir)
+    config = multi30k.get_config(config_flag.split(':')[1])
+    config.manual_dir = manual_dir_flag.split('=', 1)[1]
+    config.update_from_flattened_dict(
+        {key: int(value) for key, value in (o[len('--config.'):].split('=') for o in overrides)})
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json())
+
+  monkeypatch.setattr(reproduce_multi30k, 'run', run)
+  monkeypatch.setattr(reproduce_multi30k, 'MANUAL_DIR', types.SimpleNamespace(value='/multi30k'))
+  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+      label='x', workdir=str(tmp_path / 'x'), pair='en-fr', override=['num_train_steps=7']))
+  workdir, new_row = reproduce_multi30k.train()
+  assert (workdir, new_row['steps'], new_row['overrides']) == (
+      str(tmp_path / 'x'), 7, ['num_train_steps=7'])
+  # The row keeps the run's config but for the data's path on the machine it ran on.
+  assert reproduce_multi30k.flattened(new_row['config']) == {
+      key: value for key, value in reproduce_multi30k.stated_config(new_row).items()
+      if key != 'manual_dir'}
 
 
 def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
