@@ -36,6 +36,7 @@ import sys
 import time
 
 from absl import app, flags
+from flax import traverse_util
 
 from benchmarks.measure import add_row, commit, machine, machine_name
 from configs import multi30k
@@ -120,21 +121,10 @@ def completed_row(rows: dict, label: str, splits: list[str]) -> dict:
   return row
 
 
-def flattened(config: dict, prefix: str = '') -> dict:
-  """A nested config as one level of dotted keys ('model.d_ff': 512, ...)."""
-  flat = {}
-  for key, value in config.items():
-    if isinstance(value, dict):
-      flat.update(flattened(value, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = value
-  return flat
-
-
 def stated_config(row: dict) -> dict:
   """The config a row states, flattened: today's `configs/multi30k.py:<pair>` with the row's
   overrides, each read as its key's type. An override of a key since removed states nothing."""
-  stated = flattened(multi30k.get_config(row['pair']).to_dict())
+  stated = traverse_util.flatten_dict(multi30k.get_config(row['pair']).to_dict(), sep='.')
   for override in row['overrides']:
     name, value = override.split('=', 1)
     if name in stated:
@@ -153,7 +143,7 @@ def unstated_training(row: dict) -> dict:
   written before rows kept their config."""
   if 'config' not in row:
     return {}
-  stated, trained = stated_config(row), flattened(row['config'])
+  stated, trained = stated_config(row), traverse_util.flatten_dict(row['config'], sep='.')
   shared = (stated.keys() & trained.keys()) - set(DECODING)
   return {key: (trained[key], stated[key]) for key in sorted(shared) if trained[key] != stated[key]}
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from benchmarks import hlo, profile_step, reproduce_multi30k, tpu_plan, wmt_scale, workload
 from benchmarks.measure import round_robin, sustained_rate
@@ -533,7 +534,7 @@ def test_a_recipe_changed_without_its_older_rows_overrides_shows_in_them():
 def test_a_row_states_its_overrides_each_as_its_keys_type(monkeypatch, tmp_path):
   row = {'pair': 'en-fr', 'overrides': ['lr_scale=1.4', 'model.share_embeddings=False',
                                         'model.d_ff=1024', 'target_vocab_size=10240']}
-  today = reproduce_multi30k.flattened(multi30k.get_config('en-fr').to_dict())
+  today = traverse_util.flatten_dict(multi30k.get_config('en-fr').to_dict(), sep='.')
   assert reproduce_multi30k.stated_config(row) == today | {  # target_vocab_size: a removed key
       'lr_scale': 1.4, 'model.share_embeddings': False, 'model.d_ff': 1024}
   with pytest.raises(ValueError, match="override 'packing=yes': packing is True or False"):
@@ -558,7 +559,7 @@ def test_a_row_states_its_overrides_each_as_its_keys_type(monkeypatch, tmp_path)
   assert (workdir, new_row['steps'], new_row['overrides']) == (
       str(tmp_path / 'x'), 7, ['num_train_steps=7'])
   # The row keeps the run's config but for the data's path on the machine it ran on.
-  assert reproduce_multi30k.flattened(new_row['config']) == {
+  assert traverse_util.flatten_dict(new_row['config'], sep='.') == {
       key: value for key, value in reproduce_multi30k.stated_config(new_row).items()
       if key != 'manual_dir'}
 
