@@ -5,6 +5,7 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,17 @@ def run_script(*args, stdin: str | bytes | None = None) -> subprocess.CompletedP
                           input=stdin.encode() if isinstance(stdin, str) else stdin, timeout=600)
   return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
                                      result.stderr.decode())
+
+
+def popen_as_from_a_terminal(command: list[str], **kwargs) -> subprocess.Popen:
+  """subprocess.Popen(command, **kwargs) with Ctrl-C (SIGINT) the child's default: a suite started
+  as a background job ignores SIGINT, and an ignored signal stays ignored in a child, where a
+  handled one is the default again."""
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen(command, **kwargs)
+  finally:
+    signal.signal(signal.SIGINT, before)
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

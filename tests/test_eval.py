@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 import sacrebleu
 
-from conftest import error_line, run_script
+from conftest import error_line, popen_as_from_a_terminal, run_script
 from transformer import bleu, checkpoints, data, translate
 from transformer import config as config_lib
 
@@ -314,7 +314,7 @@ def test_a_failed_or_interrupted_evaluation_leaves_no_output_directory(workdir, 
   sources, references = data.split_texts(config_lib.load_workdir_config(workdir), 'test')
   for side, lines in (('source', sources), ('reference', references)):
     (tmp_path / side).write_text('\n'.join(lines * 40) + '\n', encoding='utf-8')
-  process = subprocess.Popen(
+  process = popen_as_from_a_terminal(
       [sys.executable, 'eval.py', f'--workdir={workdir}', f'--source_file={tmp_path}/source',
        f'--reference_file={tmp_path}/reference', f'--output_dir={output_dir}'],
       cwd=ROOT, stderr=subprocess.PIPE, text=True,

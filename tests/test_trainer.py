@@ -27,7 +27,7 @@ import pytest
 from flax import jax_utils
 from tensorboardX.proto import event_pb2
 
-from conftest import error_line, train_in_process
+from conftest import error_line, popen_as_from_a_terminal, train_in_process
 from configs import tiny
 from transformer import config as config_lib
 from transformer import data, lock, metrics, train_step, trainer
@@ -402,15 +402,9 @@ def test_a_signal_while_there_is_nothing_to_save_ends_the_run_at_once(tmp_path, 
 def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path, signum):
   # A BLEU evaluation at step 30, one sentence per beam-search call: long enough to be cut.
   workdir = str(tmp_path)
-  # A handled SIGINT is the default again in the child: ignored (tests run in the background),
-  # it would stay ignored.
-  before = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    process = subprocess.Popen(
-        train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
-        cwd=ROOT, env=_env(4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  finally:
-    signal.signal(signal.SIGINT, before)
+  process = popen_as_from_a_terminal(
+      train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
+      cwd=ROOT, env=_env(4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   seen = []
   for line in process.stderr:  # until the evaluation starts
     seen.append(line)
