@@ -3,7 +3,7 @@ r"""Multi30k reproduction: train.py from scratch, then eval.py's BLEU, as a row 
   python -m benchmarks.reproduce_multi30k --manual_dir=../shared/data/multi30k [--pair=en-de]
       [--label=NAME] [--workdir=DIR] [--override=key=value ...] [--splits=validation,test]
   python -m benchmarks.reproduce_multi30k --rescore=LABEL [--average_last=N] [--beam_size=B]
-      [--alpha=A] --label=NAME [--splits=validation]
+      [--alpha=A] --label=NAME
   python -m benchmarks.reproduce_multi30k --rescore=LABEL --splits=test
 
 Trains `configs/multi30k.py:<pair>` (with the overrides) in a new --workdir (default
@@ -17,9 +17,10 @@ beside the recipe, as a recipe is chosen on validation only.
 
 --rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with another
 checkpoint average, beam or length penalty, a row whose overrides are LABEL's plus those given
-(`average_last=N`, `beam_size=B`, `alpha=A`; its training minutes and machine are LABEL's).
-Without those, it scores the splits row LABEL lacks (test2016, once a candidate is chosen on
-validation) and adds them to it.
+(`average_last=N`, `beam_size=B`, `alpha=A`; its training minutes and machine are LABEL's),
+scored on the splits LABEL was: test2016 only where LABEL's run was, as another decoding of a run is
+tuning. Without those, it scores the splits row LABEL lacks (test2016, once a candidate is chosen
+on validation) and adds them to it. --splits names the splits instead.
 
 eval.py is given each row's decoding whole, as its overrides turn today's config into it: a run
 trained under an older recipe keeps that recipe's decoding in its config.json, which a row of
@@ -47,6 +48,7 @@ MANUAL_DIR = flags.DEFINE_string('manual_dir', '../shared/data/multi30k',
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 DECODING = ('average_last', 'beam_size', 'alpha')  # eval.py's flags, in a rescored row's order
+SPLITS = ('validation', 'test')  # what a new run is scored on, unless --splits says otherwise
 
 
 def run(*args: str):
@@ -77,14 +79,25 @@ def train() -> tuple[str, dict]:
                    'config': config}
 
 
-def rescored() -> tuple[str, str, dict]:
-  """The run of the row --rescore names; (its workdir, the label and row its scores go to: a new
-  row with the decoding changes given, or without any, its own row, to be scored on more splits)."""
+def rescored() -> tuple[str, str, dict, list[str]]:
+  """The run of the row --rescore names; (its workdir, the label and row its scores go to, the
+  splits to score): a new row with the decoding changes given, on the splits the row named was
+  scored on, or without any changes, that row itself, on the splits it lacks."""
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
+  scored = _row(rows, FLAGS.rescore)['splits']
   if changes := decoding():
-    return workdir_of(FLAGS.rescore), FLAGS.label, rescored_row(rows, FLAGS.rescore, changes)
-  return workdir_of(FLAGS.rescore), FLAGS.rescore, completed_row(rows, FLAGS.rescore, FLAGS.splits)
+    splits = splits_or([split for split in SPLITS if split in scored] or ['validation'])
+    return (workdir_of(FLAGS.rescore), FLAGS.label, rescored_row(rows, FLAGS.rescore, changes),
+            splits)
+  splits = splits_or([split for split in SPLITS if split not in scored])
+  return (workdir_of(FLAGS.rescore), FLAGS.rescore, completed_row(rows, FLAGS.rescore, splits),
+          splits)
+
+
+def splits_or(default: list[str]) -> list[str]:
+  """--splits where given (an empty list included), else `default`."""
+  return default if FLAGS.splits is None else FLAGS.splits
 
 
 def decoding() -> dict:
@@ -114,10 +127,11 @@ def rescored_row(rows: dict, label: str, changes: dict) -> dict:
 def completed_row(rows: dict, label: str, splits: list[str]) -> dict:
   """Row `label` as it is, to be scored on `splits`, none of which it has."""
   row = _row(rows, label)
-  if scored := [split for split in splits if split in row['splits']]:
-    raise SystemExit(f'--rescore={label}: already scored on {", ".join(scored)}; give --splits '
-                     'it lacks, or --average_last=N, --beam_size=B or --alpha=A to score it '
-                     'another way')
+  scored = [split for split in splits if split in row['splits']]
+  if scored or not splits:
+    raise SystemExit(f'--rescore={label}: already scored on {", ".join(scored or row["splits"])}; '
+                     'give --splits it lacks, or --average_last=N, --beam_size=B or --alpha=A to '
+                     'score it another way')
   return row
 
 
@@ -161,14 +175,14 @@ def main(argv):
                      'a new run takes them as --override=key=value')
   code = commit(ROOT)  # the checkout may move on while train.py runs
   if FLAGS.rescore:
-    workdir, label, row = rescored()
+    workdir, label, row, splits = rescored()
   else:
-    (workdir, row), label = train(), FLAGS.label
+    (workdir, row), label, splits = train(), FLAGS.label, splits_or(list(SPLITS))
   row.setdefault('splits', {})
   row.setdefault('commit', code)  # a row scored on more splits keeps the commit it trained
   row.setdefault('machine', machine())  # where the training minutes were measured
   decode_flags = [f'--{name}={value}' for name, value in stated_decoding(row).items()]
-  for split in FLAGS.splits:
+  for split in splits:
     output_dir = os.path.join(workdir, f'eval_{label}_{split}')
     run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}',
         *decode_flags)
@@ -271,7 +285,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('workdir', None, 'New train.py workdir (default: runs/reproduce/<label>).')
   flags.DEFINE_multi_string('override', [],
                             'key=value: a config key given to train.py (repeatable).')
-  flags.DEFINE_list('splits', ['validation', 'test'], 'Splits eval.py scores.')
+  flags.DEFINE_list('splits', None, 'Splits eval.py scores (default: validation and test for a '
+                    'new run; for --rescore=LABEL, as the module docstring says).')
   flags.DEFINE_string('rescore', None, 'Train nothing: score the run of this row again.')
   flags.DEFINE_integer('average_last', None, "eval.py's --average_last (default: the config's).")
   flags.DEFINE_integer('beam_size', None, "eval.py's --beam_size (default: the config's).")

@@ -483,6 +483,22 @@ def test_a_rescore_decodes_as_its_row_states_not_as_the_run_was_trained(monkeypa
   assert list(written) == ['old', 'old_avg3', 'new_beam8', 'new_alpha1']
   assert (list(written['old']['splits']), written['old']['commit']) == (['test'], 'abc1234')
   assert written['new_beam8']['overrides'] == ['seed=1', 'beam_size=8']
+  # Without --splits, another decoding is scored on the splits its row was (test only where the
+  # row was, as that is tuning) and the row itself on those it lacks.
+  for label, rescore, changes, splits in [
+      ('old_avg10', 'old', dict(average_last=10), ['test']),
+      ('new_beam8_alpha06', 'new_beam8', dict(alpha=0.6), ['validation']),
+      ('new_beam8', 'new_beam8', {}, ['test'])]:
+    flags = dict(average_last=None, beam_size=None, alpha=None) | changes
+    monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+        label=label, splits=None, output=str(tmp_path), rescore=rescore,
+        workdir=str(tmp_path / rescore), **flags))
+    reproduce_multi30k.main([])
+    assert [a for call in calls for a in call if a.startswith('--split=')] == [
+        f'--split={split}' for split in splits]
+    calls.clear()
+  with pytest.raises(SystemExit, match='new_beam8: already scored on validation, test; give'):
+    reproduce_multi30k.main([])
   monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
       label='x', rescore=None, average_last=None, beam_size=8, alpha=None))
   with pytest.raises(SystemExit, match='a new run takes them as --override=key=value'):
