@@ -217,10 +217,10 @@ def markdown(r: dict) -> str:
   rate = lambda flops: f'{flops / 1e12:.3f} TFLOP/s ({100 * flops / peak:.0f}%)'
   lines = [
       f'{"flax examples/wmt" if r.get("side") == "flax" else "Our"} train step {r["shape"]}, '
-      f'{r.get("size", "multi30k")} size {r.get("variant") or ""}, on '
+      f'{r.get("size", "multi30k")} size{" " + r["variant"] if r.get("variant") else ""}, on '
       f'{machine_name(r["machine"])}: '
       f'{r["step_secs"]:.3f} s per step under the tracer, {r["operation_secs"]:.4f} s of XLA '
-      f'operations. Model FLOP/s (% of the {peak / 1e12:.1f} TFLOP/s matmul peak): '
+      f'operations. Model FLOP/s (% of the {peak / 1e12:.3f} TFLOP/s matmul peak): '
       f'{rate(r["model_flops_per_sec"])} for the step under the tracer, '
       + (f'{rate(r["operation_model_flops_per_sec"])} over the operations\' time, '
          if 'operation_model_flops_per_sec' in r else '')
