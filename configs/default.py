@@ -61,6 +61,13 @@ def get_config():
       max_positions=512,  # size of the table if positional_encoding='learned'
       layer_norm='post',  # LayerNorm(x + Sublayer(x))
       layer_norm_epsilon=1e-6,  # not stated in the paper; t2t's value
+      # Marian's variants, which models imported from it use (transformer/marian.py): 'swish' or
+      # 'gelu' for the paper's ReLU, biases on the attention projections and the logits, and
+      # embeddings not scaled by sqrt(d_model).
+      activation='relu',
+      attention_bias=False,
+      output_bias=False,
+      scale_embedding=True,
       # 'xla', 'cudnn' or 'pallas' (transformer/kernels); '' = the fastest this machine runs.
       attention_implementation='',
       dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs

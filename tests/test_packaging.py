@@ -62,19 +62,32 @@ def test_every_package_of_the_library_is_installed():
   assert named == found
 
 
+def _imported(nodes) -> set[str]:
+  names = set()
+  for node in nodes:
+    if isinstance(node, ast.Import):
+      names.update(alias.name.split('.')[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      names.add(node.module.split('.')[0])
+  return names - set(sys.stdlib_module_names) - {'transformer'}
+
+
 def test_every_package_the_library_imports_is_declared():
-  """A package that arrives only through another's dependencies can leave with it."""
-  declared = {Requirement(line).name.lower().replace('_', '-') for line in PROJECT['dependencies']}
+  """A package that arrives only through another's dependencies can leave with it. A module's
+  own imports are dependencies; imports inside a function (export's) may be an extra's."""
+  normal = lambda name: name.lower().replace('_', '-')
+  declared = {normal(Requirement(line).name) for line in PROJECT['dependencies']}
+  extras = declared | {normal(Requirement(line).name)
+                       for lines in PROJECT['optional-dependencies'].values() for line in lines}
   distributions = importlib.metadata.packages_distributions()
-  imported = set()
+  undeclared = {}
   for path in (ROOT / 'transformer').rglob('*.py'):
-    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
-      if isinstance(node, ast.Import):
-        imported.update(alias.name.split('.')[0] for alias in node.names)
-      elif isinstance(node, ast.ImportFrom) and node.level == 0:
-        imported.add(node.module.split('.')[0])
-  third_party = {name for name in imported - set(sys.stdlib_module_names) - {'transformer'}}
-  undeclared = {name: distributions.get(name) for name in third_party
-                if not {d.lower().replace('_', '-') for d in distributions.get(name, [])} &
-                declared}
+    tree = ast.parse(path.read_text(encoding='utf-8'))
+    functions = [node for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    inside = _imported(n for function in functions for n in ast.walk(function))
+    for name in _imported(ast.walk(tree)):
+      allowed = extras if name in inside and name not in _imported(tree.body) else declared
+      if not {normal(d) for d in distributions.get(name, [])} & allowed:
+        undeclared[name] = (str(path.relative_to(ROOT)), distributions.get(name))
   assert not undeclared, f'imported but not in pyproject.toml: {undeclared}'

@@ -108,6 +108,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_choice(config, 'model.output_projection_dtype', ('', *DTYPES))
   _check_choice(config, 'model.share_embeddings', (True, False))
   _check_choice(config, 'model.tie_output_embedding', (True, False))
+  for key, choices in ADDED_MODEL_KEY_CHOICES.items():
+    if key in config.model:  # not in a config.json from before it
+      _check_choice(config, f'model.{key}', choices)
 
   # Data.
   dataset = _get(config, 'dataset')
@@ -220,17 +223,24 @@ ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
               'cooldown_steps': 0}
+# Model keys added after the first runs (Marian's variants, transformer/marian.py), each with its
+# choices; the first is the value that keeps the behaviour from before it.
+ADDED_MODEL_KEY_CHOICES = {'activation': ('relu', 'swish', 'gelu'),
+                           'attention_bias': (False, True), 'output_bias': (False, True),
+                           'scale_embedding': (True, False)}
 # Implementations since removed, each read as the default that computes the same.
 REMOVED_MODEL_KEYS = ('norm_implementation',)
 REMOVED_VALUES = {'loss_reduction': {'pallas': ''}}
 
 
 def with_added_keys(stored: dict) -> dict:
-  """A stored config.json's dict as this version reads it: the ADDED_KEYS it lacks added, and
-  what names a removed implementation replaced by the default."""
+  """A stored config.json's dict as this version reads it: the ADDED_KEYS and model keys
+  (ADDED_MODEL_KEY_CHOICES) it lacks added, and what names a removed implementation replaced by
+  the default."""
   config = {**ADDED_KEYS, **stored}
   if isinstance(config.get('model'), dict):
-    config['model'] = {key: value for key, value in config['model'].items()
+    added = {key: choices[0] for key, choices in ADDED_MODEL_KEY_CHOICES.items()}
+    config['model'] = {key: value for key, value in {**added, **config['model']}.items()
                        if key not in REMOVED_MODEL_KEYS}
   for key, replaced in REMOVED_VALUES.items():
     if isinstance(config.get(key), str):

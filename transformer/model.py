@@ -40,6 +40,13 @@ class TransformerConfig:
   max_positions: int = 512  # rows of the learned position table
   layer_norm: str = 'post'  # 'post': LayerNorm(x + Sublayer(x)); 'pre': x + Sublayer(LayerNorm(x))
   layer_norm_epsilon: float = 1e-6
+  # Marian's variants (transformer/marian.py), for models trained elsewhere: 'relu' (the paper's),
+  # 'swish' (x * sigmoid(x), OPUS-MT's) or 'gelu' in the feed-forward layer; biases on the
+  # attention projections; a bias on the logits; embeddings not scaled by sqrt(d_model).
+  activation: str = 'relu'
+  attention_bias: bool = False
+  output_bias: bool = False
+  scale_embedding: bool = True
   # How it computes, not what (transformer/kernels/README.md): 'xla', 'cudnn' or 'pallas' attention;
   # 'heads' (DenseGeneral's) or 'matrix' products for the attention's projections.
   attention_implementation: str = 'xla'
@@ -131,7 +138,7 @@ class MultiHeadAttention(nn.Module):
     """
     cfg = self.config
     dense = functools.partial(
-        nn.DenseGeneral, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        nn.DenseGeneral, use_bias=cfg.attention_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=_dense_init(), dot_general=kernels.projection_product(cfg))
     output = dense(cfg.d_model, axis=(-2, -1), name='out')
     if cfg.attention_implementation != 'xla' and not cfg.decode:
@@ -201,8 +208,15 @@ class Dropout(nn.Module):
     return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
 
 
+ACTIVATIONS = {
+    'relu': kernels.relu,  # jax.nn.relu's values
+    'swish': jax.nn.silu,
+    'gelu': functools.partial(jax.nn.gelu, approximate=False),
+}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3), or another `config.activation`."""
 
   config: TransformerConfig
 
@@ -211,7 +225,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     dense = functools.partial(
         nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
-    h = kernels.relu(dense(cfg.d_ff, name='hidden')(x))  # jax.nn.relu's values
+    h = ACTIVATIONS[cfg.activation](dense(cfg.d_ff, name='hidden')(x))
     h = Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
     return dense(cfg.d_model, name='output')(h)
 
@@ -259,7 +273,8 @@ class DecoderLayer(nn.Module):
 
 
 class Embedder(nn.Module):
-  """Token embedding times sqrt(d_model), plus positional encoding, then dropout (section 3.4-3.5)."""
+  """Token embedding times sqrt(d_model) (unless not `scale_embedding`), plus positional
+  encoding, then dropout (section 3.4-3.5)."""
 
   config: TransformerConfig
   token_embedding: nn.Embed
@@ -267,7 +282,9 @@ class Embedder(nn.Module):
   @nn.compact
   def __call__(self, tokens: Array, positions: Array) -> Array:
     cfg = self.config
-    x = self.token_embedding(tokens).astype(cfg.dtype) * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+    x = self.token_embedding(tokens).astype(cfg.dtype)
+    if cfg.scale_embedding:
+      x = x * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
     if cfg.positional_encoding == 'learned':
       table = self.param('position_embedding', nn.initializers.normal(cfg.d_model**-0.5),
                          (cfg.max_positions, cfg.d_model), cfg.param_dtype)
@@ -379,8 +396,8 @@ class Transformer(nn.Module):
   """Encoder-decoder; `__call__(sources, targets)` gives float32 logits [batch, target_len, vocab].
 
   Parameters: `source_embedding` (the shared table unless `share_embeddings=False`, which adds
-  `target_embedding`), `encoder`, `decoder`, and `output_projection` only when
-  `tie_output_embedding=False`.
+  `target_embedding`), `encoder`, `decoder`, `output_projection` only when
+  `tie_output_embedding=False`, and `output_bias` [vocab] only with `config.output_bias`.
   """
 
   config: TransformerConfig
@@ -404,7 +421,10 @@ class Transformer(nn.Module):
     output = target_embedding
     if not cfg.tie_output_embedding:  # a [vocab, d_model] table of its own
       output = self.output_projection = embed(embedding_init=_dense_init())
-    self.project_output = lambda y: project(y, output.embedding)
+    bias = None
+    if cfg.output_bias:
+      bias = self.param('output_bias', nn.initializers.zeros, (cfg.vocab_size,), cfg.param_dtype)
+    self.project_output = lambda y: project(y, output.embedding, bias)
 
   def encode(self, sources, source_positions=None, source_segment_ids=None) -> Array:
     """The encoder's output [batch, length, d_model]; arguments as in `Encoder`."""
@@ -469,12 +489,14 @@ def parameter_count(config: TransformerConfig) -> int:
   return sum(x.size for x in jax.tree_util.tree_leaves(shapes['params']))
 
 
-def project(states: Array, table: Array) -> Array:
-  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model]."""
+def project(states: Array, table: Array, bias: Array | None = None) -> Array:
+  """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model], plus
+  `bias` [vocab] if given."""
   if states.dtype == jnp.float32:
-    return jnp.dot(states, table.astype(jnp.float32).T)
-  # Not rounded to bfloat16 (8 bits of mantissa): the loss and the beam scores read them.
-  return kernels.low_precision_logits(states, table)
+    logits = jnp.dot(states, table.astype(jnp.float32).T)
+  else:  # not rounded to bfloat16 (8 bits of mantissa): the loss and the beam scores read them
+    logits = kernels.low_precision_logits(states, table)
+  return logits if bias is None else logits + bias.astype(jnp.float32)
 
 
 def output_table(params) -> Array:

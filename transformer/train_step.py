@@ -58,7 +58,9 @@ def _batch_sums(params, batch, model: nn.Module, label_smoothing: float,
                 implementations: Implementations, rngs=None) -> dict:
   """The loss's sums over one batch (`loss.token_sums`), and its real source tokens."""
   chunk, reduction = implementations.loss_chunk, implementations.loss_reduction
-  if chunk is None and reduction == 'separate':
+  # The loss kernels project without a bias: a model with one (an imported Marian) takes the
+  # plain form.
+  if chunk is None and reduction == 'separate' or 'output_bias' in params:
     logits = model.apply({'params': params}, **batch, rngs=rngs)
     sums = loss.token_sums(logits, batch['targets'], label_smoothing)
   else:  # transformer/kernels/loss.py: the logits a chunk at a time, or read once

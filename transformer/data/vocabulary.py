@@ -48,6 +48,10 @@ class Vocabulary:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
     return [self._processor.id_to_piece(int(i)) for i in ids]
 
+  def piece_ids(self, pieces: list[str]) -> list[int]:
+    """`pieces`' inverse: the id of each piece (UNK_ID for one the vocabulary lacks)."""
+    return [self._processor.piece_to_id(piece) for piece in pieces]
+
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids]
     if EOS_ID in ids:

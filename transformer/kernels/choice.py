@@ -71,14 +71,17 @@ def _attention(config: ml_collections.ConfigDict, machine: Machine) -> str:
   XLA's."""
   chosen = config.model.get('attention_implementation', '')
   depth = config.model.d_model // config.model.num_heads
+  # The fused kernels project without biases (an imported Marian's attention has them).
   fused = (machine.runs_fused_kernels and config.model.dtype in ('bfloat16', 'float16') and
-           config.model.attention_dropout_rate == 0)
+           config.model.attention_dropout_rate == 0 and
+           not config.model.get('attention_bias', False))
   cudnn_runs = fused and depth % 8 == 0 and depth <= 128
   pallas_runs = (fused and depth >= 16 and depth & (depth - 1) == 0 and
                  config.max_length <= pallas_attention.MAX_LENGTH)
   needs = (f'an NVIDIA GPU of compute capability 8.0 or later (here: {machine}), model.dtype '
            f'bfloat16 or float16 (now {config.model.dtype!r}), model.attention_dropout_rate=0 '
-           f'(now {config.model.attention_dropout_rate}) and ')
+           f'(now {config.model.attention_dropout_rate}), model.attention_bias=False (now '
+           f'{config.model.get("attention_bias", False)}) and ')
   if chosen == 'cudnn' and not cudnn_runs:
     raise ConfigError(
         f"config.model.attention_implementation='cudnn': cuDNN attention needs {needs}"

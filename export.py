@@ -1,0 +1,189 @@
+r"""Exports a trained run for Hugging Face transformers or CTranslate2.
+
+  python export.py --workdir=DIR --output_dir=OUT [--average_last=N] [--up_to_step=S]
+      [--format=transformers|ctranslate2] [--quantization=int8] [--scores=D/scores.json]
+
+--format=transformers (the default) writes a Marian directory that
+`transformers.MarianMTModel.from_pretrained(OUT)`, `MarianTokenizer.from_pretrained(OUT)` and
+`pipeline('translation', model=OUT)` load: config.json, model.safetensors, generation_config.json
+(the run's beam size and longest output), source.spm, target.spm, vocab.json,
+tokenizer_config.json, and a README.md model card with the BLEU of the exported checkpoints
+(the run's closing evaluation, and each eval.py scores.json given by --scores that scored the
+same checkpoints). --format=ctranslate2 writes a CTranslate2 model directory (model.bin, the
+vocabularies, config.json; float32, or --quantization=int8) and the same model card.
+
+OUT must be new or empty; it appears whole or not at all.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from absl import app, flags
+
+from transformer import checkpoints, commands, data, export, files, marian
+from transformer import config as config_lib
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to export.')
+_OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the exported model goes: a new or '
+                                  'empty directory.')
+_FORMAT = flags.DEFINE_enum('format', 'transformers', export.FORMATS, 'transformers: a Hugging '
+                            'Face Marian directory; ctranslate2: a CTranslate2 model directory.')
+_QUANTIZATION = flags.DEFINE_enum('quantization', 'float32', export.QUANTIZATIONS,
+                                  'CTranslate2 weights (--format=ctranslate2 only).')
+_AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'Average the last N checkpoints '
+                                     "(default: the config's average_last).", lower_bound=1)
+_UP_TO_STEP = flags.DEFINE_integer('up_to_step', None, 'Average the last checkpoints at or '
+                                   'before this step (default: the newest).', lower_bound=0)
+_SCORES = flags.DEFINE_multi_string('scores', [], 'An eval.py scores.json of the same '
+                                    'checkpoints, for the model card; repeatable.')
+flags.mark_flags_as_required(['workdir', 'output_dir'])
+
+
+class ExportError(ValueError):
+  """A flag or file export.py cannot use; the message names it."""
+
+
+def check_output_dir(path: str):
+  """Refuses an OUT that holds files or cannot be made, before any work."""
+  if files.is_remote(path):
+    raise ExportError(f'--output_dir={path}: give a local directory (copy it to the bucket or '
+                      'the Hub after)')
+  if os.path.isdir(path) and os.listdir(path):
+    raise ExportError(f'--output_dir={path} is not empty; give a new or empty directory')
+  files.check_writable(os.path.join(path, 'config.json'), '--output_dir')
+
+
+def evaluations(workdir: str, steps: list[int], score_files: list[str]) -> list[dict]:
+  """BLEU rows of the checkpoints `steps`: the run's own (metrics.jsonl), then each scores.json."""
+  rows = []
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  if os.path.exists(metrics):
+    for line in open(metrics, encoding='utf-8'):
+      row = json.loads(line) if line.strip() else {}
+      if row.get('checkpoint_steps') == steps and 'sacrebleu' in row:
+        rows.append({'evaluated': f'{row["split"]} (train.py)', **row})
+  for path in score_files:
+    try:
+      scores = json.loads(open(path, 'rb').read().decode('utf-8'))
+    except (OSError, ValueError) as error:
+      raise ExportError(f'--scores={path}: not an eval.py scores.json ({error})') from None
+    if not isinstance(scores, dict) or 'sacrebleu' not in scores:
+      raise ExportError(f'--scores={path}: not an eval.py scores.json (no "sacrebleu")')
+    if scores.get('checkpoint_steps') != steps:
+      raise ExportError(f'--scores={path} scored checkpoints {scores.get("checkpoint_steps")}, '
+                        f'not the exported {steps}; pass the --average_last and --up_to_step '
+                        'eval.py had')
+    rows.append(scores)
+  return rows
+
+
+def model_card(config, steps: list[int], rows: list[dict], format_name: str,
+               quantization: str) -> str:
+  """README.md: what the model is, how it was trained and scored, and how to use it."""
+  model = config.model
+  what = ('a Hugging Face Marian model (`MarianMTModel`)' if format_name == 'transformers' else
+          f'a CTranslate2 model ({quantization} weights)')
+  lines = [
+      f'# Transformer {config.source_lang}-{config.target_lang}', '',
+      f'{what}, trained with the JAX/Flax Transformer of "Attention Is All You Need" '
+      f'(transformer-nmt).', '',
+      '## Training', '',
+      f'- data: `{config.dataset}`, {config.source_lang} -> {config.target_lang}',
+      f'- model: {model.num_encoder_layers}+{model.num_decoder_layers} layers, d_model '
+      f'{model.d_model}, d_ff {model.d_ff}, {model.num_heads} heads, {config.vocab_size}-piece '
+      f'joint SentencePiece vocabulary, {model.activation}, LayerNorm epsilon '
+      f'{model.layer_norm_epsilon}',
+      f'- {config.num_train_steps} steps of ~{config.tokens_per_batch} source tokens, seed '
+      f'{config.seed}; checkpoints {steps} averaged', '',
+      '## BLEU', '',
+  ]
+  if rows:
+    lines += ['| evaluated | sacreBLEU | paper BLEU | beam | alpha |',
+              '| --- | --- | --- | --- | --- |']
+    lines += [f'| {row.get("evaluated", "")} | {row["sacrebleu"]:.2f} | '
+              f'{row.get("bleu_paper", float("nan")):.2f} | {row.get("beam_size", config.beam_size)} '
+              f'| {row.get("alpha", config.alpha)} |' for row in rows]
+  else:
+    lines.append('Not scored: run eval.py on the same checkpoints and export again with --scores.')
+  lines += [
+      '', 'Scored with this codebase\'s beam search: its length penalty is GNMT\'s '
+      '((5 + length) / 6)^alpha, where transformers and CTranslate2 divide by length^alpha, so '
+      'beam search there can choose other translations when alpha > 0.', '',
+      '## Use', '',
+  ]
+  if format_name == 'transformers':
+    lines += ['```python', 'from transformers import pipeline',
+              "translate = pipeline('translation', model='PATH')",
+              "print(translate('A man is riding a bicycle.')[0]['translation_text'])", '```']
+  else:
+    lines += ['```python', 'import ctranslate2, sentencepiece',
+              "translator = ctranslate2.Translator('PATH')",
+              "spm = sentencepiece.SentencePieceProcessor(model_file='PATH/source.spm')",
+              "pieces = spm.encode('A man is riding a bicycle.', out_type=str) + ['</s>']",
+              f'result = translator.translate_batch([pieces], beam_size={config.beam_size})',
+              'print(spm.decode(result[0].hypotheses[0]))', '```']
+  lines += ['', '## Made by', '', '```sh', 'python export.py ' + ' '.join(sys.argv[1:]), '```', '']
+  return '\n'.join(lines)
+
+
+def write_directory(output_dir: str, write):
+  """Calls write(directory) on a new directory beside `output_dir`, then moves it into place:
+  OUT appears whole or not at all."""
+  parent = os.path.dirname(os.path.abspath(output_dir))
+  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(os.path.abspath(output_dir))}.tmp-',
+                             dir=parent)
+  try:
+    write(staging)
+    os.chmod(staging, 0o755)
+    if os.path.isdir(output_dir):
+      os.rmdir(output_dir)  # empty: checked before
+    os.replace(staging, output_dir)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if _QUANTIZATION.value != 'float32' and _FORMAT.value != 'ctranslate2':
+    sys.exit('export.py: --quantization is for --format=ctranslate2; transformers gets float32')
+  try:
+    config = config_lib.load_workdir_config(_WORKDIR.value)
+    marian.check_exportable(dict(config.model))
+    check_output_dir(_OUTPUT_DIR.value)
+    commands.set_up_jax(config)
+    vocab = data.load_vocabulary(config, _WORKDIR.value)
+    params, steps = checkpoints.load_params(_WORKDIR.value, config, _AVERAGE_LAST.value,
+                                            _UP_TO_STEP.value)
+    card = model_card(config, steps, evaluations(_WORKDIR.value, steps, _SCORES.value),
+                      _FORMAT.value, _QUANTIZATION.value)
+
+    def write(directory):
+      if _FORMAT.value == 'transformers':
+        for name, content in export.transformers_files(params, config, vocab).items():
+          with open(os.path.join(directory, name), 'wb') as f:
+            f.write(content if isinstance(content, bytes) else content.encode('utf-8'))
+      else:
+        spec = export.ctranslate2_model(params, config, vocab)
+        spec.optimize(quantization=None if _QUANTIZATION.value == 'float32' else
+                      _QUANTIZATION.value)
+        spec.save(directory)
+        with open(os.path.join(directory, 'source.spm'), 'wb') as f:
+          f.write(vocab.model_proto)
+      with open(os.path.join(directory, 'README.md'), 'w', encoding='utf-8') as f:
+        f.write(card)
+
+    write_directory(_OUTPUT_DIR.value, write)
+  except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
+          files.DirectoryError, marian.MarianError, ExportError) as error:
+    sys.exit(f'export.py: {error}')
+  print(f'exported checkpoints {steps} of {_WORKDIR.value} to {_OUTPUT_DIR.value} '
+        f'({_FORMAT.value})')
+
+
+if __name__ == '__main__':
+  commands.run(main, 'export.py')
