@@ -44,7 +44,7 @@ def main(argv):
                                         _UP_TO_STEP.value)
       averaged_config = json.loads(config.to_json())
       averaged_config['average_last'] = 1
-      files.write_atomically(os.path.join(output_dir, vocabulary.MODEL_FILE), vocab.model_proto)
+      vocabulary.write(vocab, output_dir)
       # Last: a config.json makes the directory a workdir other commands read.
       files.write_atomically(os.path.join(output_dir, 'config.json'),
                              json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')

@@ -124,7 +124,8 @@ def model_card(config, steps: list[int], rows: list[dict], format_name: str,
               "spm = sentencepiece.SentencePieceProcessor(model_file='PATH/source.spm')",
               "pieces = spm.encode('A man is riding a bicycle.', out_type=str) + ['</s>']",
               f'result = translator.translate_batch([pieces], beam_size={config.beam_size})',
-              'print(spm.decode(result[0].hypotheses[0]))', '```']
+              "target = sentencepiece.SentencePieceProcessor(model_file='PATH/target.spm')",
+              'print(target.decode(result[0].hypotheses[0]))', '```']
   lines += ['', '## Made by', '', '```sh', 'python export.py ' + ' '.join(sys.argv[1:]), '```', '']
   return '\n'.join(lines)
 
@@ -172,8 +173,9 @@ def main(argv):
         spec.optimize(quantization=None if _QUANTIZATION.value == 'float32' else
                       _QUANTIZATION.value)
         spec.save(directory)
-        with open(os.path.join(directory, 'source.spm'), 'wb') as f:
-          f.write(vocab.model_proto)
+        for name, model in zip(('source.spm', 'target.spm'), vocab.sentencepiece_models()):
+          with open(os.path.join(directory, name), 'wb') as f:
+            f.write(model)
       with open(os.path.join(directory, 'README.md'), 'w', encoding='utf-8') as f:
         f.write(card)
 

@@ -58,6 +58,7 @@ def engines(workdir: str, directory: str, beam_size: int, threads: int, batch_si
   for quantization in ('float32', 'int8'):
     spec = export.ctranslate2_model(params, config, vocab)
     spec.optimize(quantization=None if quantization == 'float32' else quantization)
+    os.makedirs(os.path.join(directory, quantization))
     spec.save(os.path.join(directory, quantization))
   torch.set_num_threads(threads)
   tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
@@ -98,6 +99,7 @@ def engines(workdir: str, directory: str, beam_size: int, threads: int, batch_si
         pieces = [vocab.pieces(ids) for ids in vocab.encode_batch(texts, add_eos=True)]
         results = translator.translate_batch(pieces, beam_size=beam_size, length_penalty=alpha,
                                              max_decoding_length=max_length,
+                                             min_decoding_length=0,  # ours may end at once
                                              max_batch_size=batch_size)
         return [vocab.decode(vocab.piece_ids(r.hypotheses[0])) for r in results]
       return timed(translate_batch, sentences)

@@ -96,6 +96,10 @@ def get_config():
   config.num_train_steps = 100_000
   config.grad_accum_steps = 1  # raise to reach tokens_per_batch on fewer devices
   config.seed = 0
+  # A Hugging Face Marian directory (an OPUS-MT model, or export.py's) to start from: its model,
+  # vocabulary and weights replace config.model's architecture keys, vocab_size and the random
+  # initialisation; training then fine-tunes it on the config's data.
+  config.init_from = ''
   # Dropout's random bits (not in the paper): 'hash' (transformer/kernels/hash_rng.py) hashes each
   # element's index with the key, the same bits on every backend and cheaper than JAX's generators
   # ('rbg', 'unsafe_rbg', or its default 'threefry2x32').

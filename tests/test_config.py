@@ -148,8 +148,8 @@ def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
   stored = json.loads(tiny.get_config().to_json())
   for key in config_lib.ADDED_KEYS:
     del stored[key]
-  for key in trainer.IMPLEMENTATION_KEYS:  # added to the model's keys
-    del stored['model'][key]
+  for key in (*trainer.IMPLEMENTATION_KEYS, *config_lib.ADDED_MODEL_KEY_CHOICES):
+    del stored['model'][key]  # added to the model's keys
   (tmp_path / 'config.json').write_text(json.dumps(stored))
   # A run's: its vocabulary beside it binds the workdir to the config.
   (tmp_path / 'vocab').mkdir()

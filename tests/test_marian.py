@@ -277,7 +277,8 @@ def ctranslate2_outputs(directory, vocab, ids, beam_size):
     # Ours ends at the limit with EOS, which CTranslate2 does not add: one token less.
     results = translator.translate_batch([vocab.pieces(ids[i]) for i in group],
                                          beam_size=beam_size, length_penalty=0.0,
-                                         max_decoding_length=length + EXTRA - 1)
+                                         max_decoding_length=length + EXTRA - 1,
+                                         min_decoding_length=0)  # ours may end at once
     for i, result in zip(group, results):
       hypotheses[i] = vocab.piece_ids(result.hypotheses[0]) + [1]
   return hypotheses
@@ -320,3 +321,143 @@ def test_export_refuses_what_marian_cannot_hold_before_any_work(tiny_run, tmp_pa
   assert '--quantization is for --format=ctranslate2' in error_line(result)
   result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={full}/x/out')
   assert f'--output_dir: {full}/x/out cannot be made a directory' in error_line(result)
+
+
+def opus_mt_directory(path, tiny_texts) -> str:
+  """A Hugging Face Marian directory in OPUS-MT's layout, written by transformers itself: its own
+  source and target SentencePiece models (trained on the tiny run's text) mapped through one
+  vocab.json, EOS 0, unk 1, pad last as the decoder's start, swish, scaled embeddings, and random
+  weights, attention and logits biases included."""
+  import io  # pylint: disable=import-outside-toplevel
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+
+  models = []
+  for texts in tiny_texts:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model,
+                                   vocab_size=40, model_type='unigram', minloglevel=2)
+    models.append(model.getvalue())
+  pieces = []
+  for model in models:
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+               if not processor.is_control(i) and not processor.is_unknown(i)]
+  pieces = [marian.EOS, marian.UNK] + sorted(set(pieces)) + [marian.PAD]
+  size = len(pieces)
+  config = transformers.MarianConfig(
+      vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32,
+      decoder_ffn_dim=32, encoder_attention_heads=4, decoder_attention_heads=4,
+      activation_function='swish', scale_embedding=True, pad_token_id=size - 1,
+      decoder_start_token_id=size - 1, eos_token_id=0, forced_eos_token_id=0,
+      bad_words_ids=[[size - 1]], max_position_embeddings=256)
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config)
+  with torch.no_grad():
+    for name, tensor in model.named_parameters():
+      if 'embed_positions' not in name:
+        tensor.add_(torch.randn_like(tensor) * 0.3)
+    model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias))
+  model.save_pretrained(path)
+  for name, content in zip(('source.spm', 'target.spm'), models):
+    (path / name).write_bytes(content)
+  (path / 'vocab.json').write_text(json.dumps({piece: i for i, piece in enumerate(pieces)}))
+  (path / 'tokenizer_config.json').write_text(json.dumps({'source_lang': 'en',
+                                                          'target_lang': 'de'}))
+  assert (path / 'model.safetensors').exists()
+  return str(path)
+
+
+def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_weights(
+    tiny_run, tmp_path, float32_matmuls):
+  """train.py --config.init_from=DIR takes the model, the vocabulary and the weights of an
+  OPUS-MT-layout directory: before training our logits are transformers' (in our token order);
+  a run at learning rate 0 then translates with translate.py as transformers' greedy search."""
+  from tests.conftest import train_in_process  # pylint: disable=import-outside-toplevel
+  from transformer import train_step  # pylint: disable=import-outside-toplevel
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+
+  tiny_config = config_lib.load_workdir_config(tiny_run)
+  directory = opus_mt_directory(tmp_path / 'opus', data.split_texts(tiny_config, 'train'))
+  hf = transformers.MarianMTModel.from_pretrained(directory).eval()
+  tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+  config = tiny.get_config()
+  config.init_from = directory
+  config_lib.with_imported_model(config)
+  assert (config.vocab_size, config.model.activation, config.model.layer_norm_epsilon) == (
+      hf.config.vocab_size, 'swish', 1e-5)
+  params = train_step.initial_state(config).params
+
+  sources, references = data.split_texts(tiny_config, 'test')
+  vocab = data.vocabulary.marian_vocabulary(directory)
+  ours_of = np.argsort(marian.token_order(hf.config.to_dict(),
+                                          json.load(open(f'{directory}/vocab.json'))))
+  assert vocab.encode_batch(sources, add_eos=True) == [
+      list(ours_of[tokenizer(s)['input_ids']]) for s in sources]
+  batch = tokenizer(sources[:8], text_target=references[:8], return_tensors='pt', padding=True)
+  labels = batch['labels'].numpy()
+  with torch.no_grad():
+    theirs = hf(input_ids=batch['input_ids'], attention_mask=batch['attention_mask'],
+                labels=batch['labels']).logits.numpy()
+  ours = Transformer(config_lib.model_config(config)).apply(
+      {'params': params}, ours_of[batch['input_ids'].numpy()], ours_of[labels])
+  real = labels != hf.config.pad_token_id
+  assert np.abs(np.asarray(ours) - theirs[..., marian.token_order(
+      hf.config.to_dict(), tokenizer.get_vocab())])[real].max() < 1e-4
+
+  workdir = str(tmp_path / 'run')
+  train_in_process(workdir, init_from=directory, lr_scale=0.0, num_train_steps=2,
+                   checkpoint_every_steps=0, average_last=1, eval_every_steps=0)
+  result = run_script('translate.py', f'--workdir={workdir}', '--beam_size=1',
+                      stdin=''.join(s + '\n' for s in sources[:40]))
+  assert result.returncode == 0, result.stderr[-3000:]
+  ids = [tokenizer(s)['input_ids'] for s in sources[:40]]
+  expected = [None] * 40
+  for length, group in by_length(ids):
+    inputs = tokenizer([sources[i] for i in group], return_tensors='pt', padding=True)
+    outputs = hf.generate(**inputs, num_beams=1, max_length=length + EXTRA + 1)
+    for i, text in zip(group, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
+      expected[i] = text
+  assert result.stdout.splitlines() == expected
+
+
+def test_export_then_import_then_export_gives_the_same_files(tiny_run, exported, tmp_path):
+  """A run started from an export of the tiny run, at learning rate 0, exports to the same bytes
+  but for the model card, which names its own command."""
+  from tests.conftest import train_in_process  # pylint: disable=import-outside-toplevel
+
+  first = exported['transformers']
+  workdir = str(tmp_path / 'run')
+  train_in_process(workdir, init_from=first, lr_scale=0.0, num_train_steps=2,
+                   checkpoint_every_steps=0, average_last=1, eval_every_steps=0)
+  again = str(tmp_path / 'again')
+  result = run_script('export.py', f'--workdir={workdir}', f'--output_dir={again}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  # The first export averaged the run's last two checkpoints: the same weights here.
+  names = sorted(os.listdir(first))
+  assert sorted(os.listdir(again)) == names
+  for name in names:
+    if name != 'README.md':
+      assert open(f'{first}/{name}', 'rb').read() == open(f'{again}/{name}', 'rb').read(), name
+
+
+def test_a_marian_directory_this_model_cannot_take_stops_train_py_in_one_line(exported, tmp_path):
+  source = exported['transformers']
+  for name, change, named in [
+      ('ffn', {'decoder_ffn_dim': 7}, '"decoder_ffn_dim"=7'),
+      ('layerdrop', {'encoder_layerdrop': 0.1}, '"encoder_layerdrop"=0.1'),
+      ('bin', None, 'it has pytorch_model.bin: write model.safetensors with transformers')]:
+    directory = tmp_path / name
+    directory.mkdir()
+    for file in os.listdir(source):
+      (directory / file).write_bytes(open(os.path.join(source, file), 'rb').read())
+    if change is None:
+      (directory / 'model.safetensors').rename(directory / 'pytorch_model.bin')
+    else:
+      config = json.loads((directory / 'config.json').read_text())
+      (directory / 'config.json').write_text(json.dumps({**config, **change}))
+    workdir = tmp_path / f'run_{name}'
+    result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
+                        f'--config.init_from={directory}')
+    line = error_line(result)
+    assert line.startswith(f"train.py: config.init_from='{directory}'") and named in line, line
+    assert not workdir.exists() or not os.listdir(workdir)

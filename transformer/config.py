@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from etils import epath
 
+from transformer import marian
 from transformer.model import TransformerConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -90,7 +91,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_int(config, 'loss_chunk_tokens', 0)
   _check_choice(config, 'loss_reduction', ('', 'separate', 'online'))
   _check_choice(config, 'attention_projection', ('', 'matrix', 'heads'))
-  if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES:
+  if not isinstance(_get(config, 'init_from'), str):
+    _fail('init_from', config.init_from, 'must be a Hugging Face Marian directory or empty')
+  if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES and not config.init_from:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
           f'{BYTE_AND_SPECIAL_PIECES} of it, and the pieces learned from the text come on top; '
           'use at least a few hundred more')
@@ -212,6 +215,27 @@ def model_config(config: ml_collections.ConfigDict, implementations=None) -> Tra
   return TransformerConfig(vocab_size=config.vocab_size, **model)
 
 
+def with_imported_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` (changed in place) with the architecture and vocab_size of config.init_from's
+  Marian model, if set; its dropout rates stay the config's.
+
+  Raises:
+    ConfigError: config.init_from is not a Marian directory this model can represent; the message
+      names the file or field.
+  """
+  if not config.init_from:
+    return config
+  try:
+    imported = marian.check_directory(config.init_from)
+    keys = marian.model_keys(imported)
+  except marian.MarianError as error:
+    raise ConfigError(f'config.init_from={config.init_from!r}: {error}') from None
+  config.model.update({key: value for key, value in keys.items()
+                       if key not in marian.TRAINING_KEYS})
+  config.vocab_size = imported['vocab_size']
+  return config
+
+
 def compound_split(config: ml_collections.ConfigDict) -> bool:
   """Whether the paper BLEU of config.target_lang splits compounds (##AT##)."""
   return config.target_lang in config.compound_split_languages.split(',')
@@ -222,7 +246,7 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'cooldown_steps': 0}
+              'cooldown_steps': 0, 'init_from': ''}
 # Model keys added after the first runs (Marian's variants, transformer/marian.py), each with its
 # choices; the first is the value that keeps the behaviour from before it.
 ADDED_MODEL_KEY_CHOICES = {'activation': ('relu', 'swish', 'gelu'),

@@ -18,12 +18,22 @@ The two architectures are the same post-norm Transformer up to details handled h
   order of a Marian vocabulary's ids.
 """
 
+import json
+import os
+
+import jax
 import numpy as np
+from etils import epath
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from transformer.model import Transformer, TransformerConfig
 
 # transformers' modeling_marian builds its LayerNorms with torch's default epsilon.
 LAYER_NORM_EPSILON = 1e-5
 ACTIVATIONS = {'relu': 'relu', 'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu'}  # theirs: ours
 PAD, EOS, UNK = '<pad>', '</s>', '<unk>'  # the pieces of the special ids, in both vocabularies
+# Model keys an import leaves to the experiment's config: how to fine-tune, not what the model is.
+TRAINING_KEYS = ('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate')
 
 
 class MarianError(ValueError):
@@ -278,3 +288,67 @@ def from_marian(tensors: dict, model: dict, shapes: dict, tokens: np.ndarray) ->
                         f'{int(np.prod(shape.shape))} values')
     params[path] = np.ascontiguousarray(value.reshape(shape.shape))
   return params
+
+
+def read_json(directory: str, name: str) -> dict:
+  """A JSON object of a Marian directory's file, or MarianError naming it."""
+  path = os.path.join(directory, name)
+  try:
+    value = json.loads(epath.Path(path).read_bytes())
+  except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+    raise MarianError(f'{path} not found: give a Hugging Face Marian directory (config.json, '
+                      'model.safetensors, source.spm, target.spm, vocab.json)') from None
+  except ValueError as error:
+    raise MarianError(f'{path} is not JSON ({error})') from None
+  if not isinstance(value, dict):
+    raise MarianError(f'{path} holds a JSON {type(value).__name__}, not an object')
+  return value
+
+
+def check_directory(directory: str) -> dict:
+  """A Marian directory's config.json, once its weights and vocabulary files are known to be
+  there.
+
+  Raises:
+    MarianError: a file is missing or not JSON, or a field this model cannot represent; named.
+  """
+  config = read_json(directory, 'config.json')
+  model_keys(config)
+  token_order(config, read_json(directory, 'vocab.json'))
+  weights_path(directory)
+  return config
+
+
+def weights_path(directory: str) -> str:
+  """The model.safetensors of a Marian directory."""
+  path = os.path.join(directory, 'model.safetensors')
+  if not os.path.exists(path):
+    other = [name for name in ('pytorch_model.bin', 'tf_model.h5', 'flax_model.msgpack')
+             if os.path.exists(os.path.join(directory, name))]
+    fix = (f'it has {other[0]}: write model.safetensors with transformers, '
+           '`MarianMTModel.from_pretrained(DIR).save_pretrained(NEW_DIR)`' if other else
+           'give a Hugging Face Marian directory')
+    raise MarianError(f'{path} not found; {fix}')
+  return path
+
+
+def read_tensors(directory: str) -> dict[str, np.ndarray]:
+  """model.safetensors of a Marian directory, as NumPy arrays by name."""
+  from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+
+  path = weights_path(directory)
+  try:
+    return load_file(path)
+  except (SafetensorError, OSError, ValueError) as error:
+    raise MarianError(f'{path} cannot be read ({error})') from None
+
+
+def import_params(directory: str, model: TransformerConfig, tokens: np.ndarray) -> dict:
+  """The parameters of the Marian model in `directory` for our `model` (its config's
+  `model_keys`), token rows in `tokens`' order (`token_order`)."""
+  shapes = flatten_dict(jax.eval_shape(
+      Transformer(model).init, jax.random.key(0), jax.ShapeDtypeStruct((1, 1), np.int32),
+      jax.ShapeDtypeStruct((1, 1), np.int32))['params'])
+  keys = {key: getattr(model, key) for key in ('d_model', 'share_embeddings')}
+  return unflatten_dict(from_marian(read_tensors(directory), keys, shapes, tokens))

@@ -208,11 +208,9 @@ class Dropout(nn.Module):
     return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
 
 
-ACTIVATIONS = {
-    'relu': kernels.relu,  # jax.nn.relu's values
-    'swish': jax.nn.silu,
-    'gelu': functools.partial(jax.nn.gelu, approximate=False),
-}
+# Marian's other feed-forward activations (`TransformerConfig.activation`).
+MARIAN_ACTIVATIONS = {'swish': jax.nn.silu, 'gelu': functools.partial(jax.nn.gelu,
+                                                                      approximate=False)}
 
 
 class FeedForward(nn.Module):
@@ -225,7 +223,11 @@ class FeedForward(nn.Module):
     cfg = self.config
     dense = functools.partial(
         nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
-    h = ACTIVATIONS[cfg.activation](dense(cfg.d_ff, name='hidden')(x))
+    h = dense(cfg.d_ff, name='hidden')(x)
+    if cfg.activation == 'relu':
+      h = kernels.relu(h)  # jax.nn.relu's values
+    else:
+      h = MARIAN_ACTIVATIONS[cfg.activation](h)
     h = Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
     return dense(cfg.d_model, name='output')(h)
 

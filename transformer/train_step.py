@@ -19,7 +19,7 @@ from flax import jax_utils
 from flax.training import train_state
 
 from transformer import config as config_lib
-from transformer import loss, optim
+from transformer import loss, marian, optim
 from transformer.kernels import hash_rng, packing
 from transformer.kernels import loss as kernel_loss
 from transformer.kernels.choice import Implementations
@@ -43,14 +43,20 @@ def _initial_params(config: ml_collections.ConfigDict) -> dict:
 
 
 def initial_state(config: ml_collections.ConfigDict) -> TrainState:
-  """Parameters initialised from config.seed, and the optimizer's state, in the host's memory, as
-  trees (`packing.pack_state` packs them for the steps).
+  """Parameters initialised from config.seed (or config.init_from's), and the optimizer's state,
+  in the host's memory, as trees (`packing.pack_state` packs them for the steps).
 
   Made on the host's CPU (`replicate` copies it to the devices): a GPU spends seconds
   compiling the initialisers, a CPU a fraction of that.
   """
   with jax.default_device(jax.local_devices(backend='cpu')[0]):
-    params = jax.jit(functools.partial(_initial_params, config))()
+    if config.init_from:  # a Marian model's weights, in our token order
+      tokens = marian.token_order(marian.read_json(config.init_from, 'config.json'),
+                                  marian.read_json(config.init_from, 'vocab.json'))
+      params = jax.tree_util.tree_map(jnp.asarray, marian.import_params(
+          config.init_from, config_lib.model_config(config), tokens))
+    else:
+      params = jax.jit(functools.partial(_initial_params, config))()
     return TrainState.create(apply_fn=None, params=params, tx=optim.optimizer(config))
 
 

@@ -61,7 +61,8 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
   """
   path = epath.Path(workdir) / 'config.json'
   current = json.loads(config.to_json())
-  made = (epath.Path(workdir, vocabulary.MODEL_FILE), epath.Path(workdir, CHECKPOINTS_DIR))
+  made = [epath.Path(workdir, name) for name in (vocabulary.MODEL_FILE, vocabulary.MARIAN_FILE,
+                                                  CHECKPOINTS_DIR)]
   if path.exists() and any(made_path.exists() for made_path in made):
     stored = config_lib.read_stored(path)
     for key in RESUME_KEYS:
@@ -446,7 +447,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     DirectoryError: `workdir` or a file of the run cannot be written (before any is, where that
       can be known); the message names it.
   """
-  config_lib.validate(config)
+  config_lib.validate(config_lib.with_imported_model(config))
   # The implementations are chosen first: a config this machine cannot run leaves the workdir as
   # it was.
   steps = train_step.StepFunctions(config, choice.for_this_machine(config))

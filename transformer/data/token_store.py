@@ -80,7 +80,7 @@ def tokenize(corpus: sources.Corpus, vocab: Vocabulary) -> Tokenized:
   for start in range(0, len(corpus), CHUNK):
     texts = corpus.texts(range(start, min(start + CHUNK, len(corpus))))
     for side, side_texts in zip(SIDES, texts):
-      ids = vocab.encode_batch(side_texts, add_eos=True)
+      ids = vocab.encode_batch(side_texts, add_eos=True, side=side)
       lengths = np.fromiter(map(len, ids), np.int32, len(ids))
       tokens, chunk_lengths = pieces[side]
       tokens.append(np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())))
