@@ -84,10 +84,13 @@ def model_card(config, steps: list[int], rows: list[dict], format_name: str,
                quantization: str) -> str:
   """README.md: what the model is, how it was trained and scored, and how to use it."""
   model = config.model
-  what = ('a Hugging Face Marian model (`MarianMTModel`)' if format_name == 'transformers' else
-          f'a CTranslate2 model ({quantization} weights)')
+  what = ('A Hugging Face Marian model (`MarianMTModel`)' if format_name == 'transformers' else
+          f'A CTranslate2 model ({quantization} weights)')
+  library = 'transformers' if format_name == 'transformers' else 'ctranslate2'
   lines = [
-      f'# Transformer {config.source_lang}-{config.target_lang}', '',
+      '---', 'language:', f'- {config.source_lang}', f'- {config.target_lang}',
+      'tags:', '- translation', f'library_name: {library}', 'pipeline_tag: translation', '---',
+      '', f'# Transformer {config.source_lang}-{config.target_lang}', '',
       f'{what}, trained with the JAX/Flax Transformer of "Attention Is All You Need" '
       f'(transformer-nmt).', '',
       '## Training', '',

@@ -953,3 +953,16 @@ def test_the_readmes_cloud_tpu_launch_is_a_slice_and_config_compiled_for_it():
   assert all(program['fits'] for program in plan['programs'].values())
   # Every host runs the command (--worker=all): as many processes as the plan compiled for.
   assert f'# a {name} slice: {plan["hosts"]} hosts' in launch and '--worker=all' in launch
+
+
+def test_the_readmes_interop_table_is_the_benchmarks_row():
+  """The README's "Share and serve" table: the figures of benchmarks/results/interop_speed.json."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'interop_speed.json'),
+            encoding='utf-8') as f:
+    row = json.load(f)['Multi30k recipe, seed 0']
+  with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+    readme = f.read()
+  for name, engine in row['engines'].items():
+    assert (f'| {name} | {engine["sentences_per_sec"]:.1f} | {engine["sacrebleu"]:.2f} | '
+            f'{engine["identical_to_ours"] / 10:.1f}% / '
+            f'{engine["identical_to_ours_alpha_0"] / 10:.1f}% |') in readme, name
