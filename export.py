@@ -15,6 +15,7 @@ vocabularies, config.json; float32, or --quantization=int8) and the same model c
 OUT must be new or empty; it appears whole or not at all.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import sys
 import tempfile
 
 from absl import app, flags
+from etils import epath
 
 from transformer import checkpoints, commands, data, export, files, marian
 from transformer import config as config_lib
@@ -53,17 +55,19 @@ def check_output_dir(path: str):
                       'the Hub after)')
   if os.path.isdir(path) and os.listdir(path):
     raise ExportError(f'--output_dir={path} is not empty; give a new or empty directory')
-  files.check_writable(os.path.join(path, 'config.json'), '--output_dir')
 
 
 def evaluations(workdir: str, steps: list[int], score_files: list[str]) -> list[dict]:
   """BLEU rows of the checkpoints `steps`: the run's own (metrics.jsonl), then each scores.json."""
   rows = []
-  metrics = os.path.join(workdir, 'metrics.jsonl')
-  if os.path.exists(metrics):
-    for line in open(metrics, encoding='utf-8'):
-      row = json.loads(line) if line.strip() else {}
-      if row.get('checkpoint_steps') == steps and 'sacrebleu' in row:
+  metrics = epath.Path(workdir, 'metrics.jsonl')
+  if metrics.exists():
+    for line in metrics.read_text(encoding='utf-8').splitlines():
+      try:
+        row = json.loads(line)
+      except ValueError:  # a blank or cut line: not a score
+        continue
+      if isinstance(row, dict) and row.get('checkpoint_steps') == steps and 'sacrebleu' in row:
         rows.append({'evaluated': f'{row["split"]} (train.py)', **row})
   for path in score_files:
     try:
@@ -150,6 +154,23 @@ def write_directory(output_dir: str, write):
     raise
 
 
+def write(params, config, vocab, card: str, directory: str):
+  """The flags' format of the run's `params` in `directory`, with the model `card`."""
+  if _FORMAT.value == 'transformers':
+    for name, content in export.transformers_files(params, config, vocab).items():
+      with open(os.path.join(directory, name), 'wb') as f:
+        f.write(content if isinstance(content, bytes) else content.encode('utf-8'))
+  else:
+    spec = export.ctranslate2_model(params, config, vocab)
+    spec.optimize(quantization=None if _QUANTIZATION.value == 'float32' else _QUANTIZATION.value)
+    spec.save(directory)
+    for name, model in zip(('source.spm', 'target.spm'), vocab.sentencepiece_models()):
+      with open(os.path.join(directory, name), 'wb') as f:
+        f.write(model)
+  with open(os.path.join(directory, 'README.md'), 'w', encoding='utf-8') as f:
+    f.write(card)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -160,29 +181,14 @@ def main(argv):
     marian.check_exportable(dict(config.model))
     check_output_dir(_OUTPUT_DIR.value)
     commands.set_up_jax(config)
-    vocab = data.load_vocabulary(config, _WORKDIR.value)
-    params, steps = checkpoints.load_params(_WORKDIR.value, config, _AVERAGE_LAST.value,
-                                            _UP_TO_STEP.value)
-    card = model_card(config, steps, evaluations(_WORKDIR.value, steps, _SCORES.value),
-                      _FORMAT.value, _QUANTIZATION.value)
-
-    def write(directory):
-      if _FORMAT.value == 'transformers':
-        for name, content in export.transformers_files(params, config, vocab).items():
-          with open(os.path.join(directory, name), 'wb') as f:
-            f.write(content if isinstance(content, bytes) else content.encode('utf-8'))
-      else:
-        spec = export.ctranslate2_model(params, config, vocab)
-        spec.optimize(quantization=None if _QUANTIZATION.value == 'float32' else
-                      _QUANTIZATION.value)
-        spec.save(directory)
-        for name, model in zip(('source.spm', 'target.spm'), vocab.sentencepiece_models()):
-          with open(os.path.join(directory, name), 'wb') as f:
-            f.write(model)
-      with open(os.path.join(directory, 'README.md'), 'w', encoding='utf-8') as f:
-        f.write(card)
-
-    write_directory(_OUTPUT_DIR.value, write)
+    with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):  # gone if left empty
+      files.check_writable(os.path.join(_OUTPUT_DIR.value, 'config.json'), '--output_dir')
+      vocab = data.load_vocabulary(config, _WORKDIR.value)
+      params, steps = checkpoints.load_params(_WORKDIR.value, config, _AVERAGE_LAST.value,
+                                              _UP_TO_STEP.value)
+      card = model_card(config, steps, evaluations(_WORKDIR.value, steps, _SCORES.value),
+                        _FORMAT.value, _QUANTIZATION.value)
+      write_directory(_OUTPUT_DIR.value, functools.partial(write, params, config, vocab, card))
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
           files.DirectoryError, marian.MarianError, ExportError) as error:
     sys.exit(f'export.py: {error}')

@@ -319,6 +319,9 @@ def test_export_refuses_what_marian_cannot_hold_before_any_work(tiny_run, tmp_pa
   result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={tmp_path}/q',
                       '--quantization=int8')
   assert '--quantization is for --format=ctranslate2' in error_line(result)
+  result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={tmp_path}/avg',
+                      '--average_last=9')  # 3 checkpoints kept
+  assert 'export.py: ' in error_line(result) and not (tmp_path / 'avg').exists()
   result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={full}/x/out')
   assert f'--output_dir: {full}/x/out cannot be made a directory' in error_line(result)
 
