@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import kernels
-from transformer.model import Transformer, TransformerConfig, resize_cache
+from transformer.model import Transformer, TransformerConfig
 
 PAD_ID, EOS_ID = 0, 1
 NEG_INF = -1.0e7  # large but finite: -inf - -inf would give NaN in score arithmetic
@@ -66,7 +66,22 @@ class _Scorer:
       return jnp.take(x, rows, axis=0, mode='clip')  # in bounds: no fill mask to apply
     return jax.tree_util.tree_map_with_path(gather, cache)
 
-  resize = staticmethod(resize_cache)
+  @staticmethod
+  def resize(cache, length: int):
+    """The decoding cache with room for `length` target positions: the self-attention caches cut
+    or zero-padded at the end (positions past the decoding index are never read)."""
+    def resize_one(path, x):
+      names = [getattr(k, 'key', None) for k in path]
+      if 'self_attention' not in names:
+        return x
+      # Keys [batch, heads, depth, length], values [batch, heads, length, depth].
+      axis = 3 if names[-1] == 'cached_key' else 2
+      if x.shape[axis] >= length:
+        return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+      pad = [(0, 0)] * x.ndim
+      pad[axis] = (0, length - x.shape[axis])
+      return jnp.pad(x, pad)
+    return jax.tree_util.tree_map_with_path(resize_one, cache)
 
 
 def _gather_beams(x, beams):

@@ -224,10 +224,8 @@ class FeedForward(nn.Module):
     dense = functools.partial(
         nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_dense_init())
     h = dense(cfg.d_ff, name='hidden')(x)
-    if cfg.activation == 'relu':
-      h = kernels.relu(h)  # jax.nn.relu's values
-    else:
-      h = MARIAN_ACTIVATIONS[cfg.activation](h)
+    # kernels.relu computes jax.nn.relu's values.
+    h = kernels.relu(h) if cfg.activation == 'relu' else MARIAN_ACTIVATIONS[cfg.activation](h)
     h = Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
     return dense(cfg.d_model, name='output')(h)
 
@@ -466,22 +464,6 @@ class Transformer(nn.Module):
                          target_segment_ids)
     return self.decoder(encoded, sources, targets, target_positions, source_segment_ids,
                         target_segment_ids)
-
-
-def resize_cache(cache, length: int):
-  """The decoding cache with room for `length` target positions: the self-attention caches cut
-  or zero-padded at the end (positions past the decoding index are never read)."""
-  def resize(path, x):
-    names = [getattr(k, 'key', None) for k in path]
-    if 'self_attention' not in names:
-      return x
-    axis = 3 if names[-1] == 'cached_key' else 2  # keys [b, h, d, length], values [b, h, length, d]
-    if x.shape[axis] >= length:
-      return jax.lax.slice_in_dim(x, 0, length, axis=axis)
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, length - x.shape[axis])
-    return jnp.pad(x, pad)
-  return jax.tree_util.tree_map_with_path(resize, cache)
 
 
 def parameter_count(config: TransformerConfig) -> int:
