@@ -908,11 +908,11 @@ def test_tpu_plan_compiles_the_programs_of_a_slice_of_several_hosts(tmp_path):
 
 def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures():
   """benchmarks/results/tpu_plan.json's plans, each a line of its config's docstring and a cell
-  of the README's table: the share of a device's memory the largest train program and beam
+  of docs/cloud_tpu.md's table: the share of a device's memory the largest train program and beam
   search take. Every program compiled runs XLA's operations only."""
   with open(os.path.join(ROOT, 'benchmarks', 'results', 'tpu_plan.json')) as f:
     plans = json.load(f)
-  with open(os.path.join(ROOT, 'README.md')) as f:
+  with open(os.path.join(ROOT, 'docs', 'cloud_tpu.md')) as f:
     table = f.read().split('Check before you rent')[1].split('\n\n')[1]
   checked = set()
   for label, plan in plans.items():
@@ -929,7 +929,7 @@ def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures
             f'{"fits" if fits else "does not fit"}; train step {shares["train step"]:.0%}, '
             f'beam search {shares["beam search"]:.0%}')
     assert line in docstring, f'{path}: {line!r}'
-    # The README's "check before you rent" row of the config: "v4-32 (4): 18%, 44%".
+    # docs/cloud_tpu.md's "check before you rent" row of the config: "v4-32 (4): 18%, 44%".
     (row,) = [row for row in table.splitlines() if row.startswith(f'| `{path}{":" * bool(arg)}'
                                                                    f'{arg}` |')]
     cell = (f'{tpu_plan.cloud_name(plan)} ({plan["hosts"]}): {shares["train step"]:.0%}, '
@@ -941,8 +941,8 @@ def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures
           ('configs/wmt14.py', 'base,en-fr'), ('configs/wmt14.py', 'big,en-fr')} <= checked
 
 
-def test_the_readmes_cloud_tpu_launch_is_a_slice_and_config_compiled_for_it():
-  with open(os.path.join(ROOT, 'README.md')) as f:
+def test_the_cloud_tpu_launch_is_a_slice_and_config_compiled_for_it():
+  with open(os.path.join(ROOT, 'docs', 'cloud_tpu.md')) as f:
     launch = f.read().split('Start all workers at once')[1].split('```sh')[1].split('```')[0]
   with open(os.path.join(ROOT, 'benchmarks', 'results', 'tpu_plan.json')) as f:
     plans = json.load(f).values()
