@@ -156,17 +156,7 @@ def write_directory(output_dir: str, write):
 
 def write(params, config, vocab, card: str, directory: str):
   """The flags' format of the run's `params` in `directory`, with the model `card`."""
-  if _FORMAT.value == 'transformers':
-    for name, content in export.transformers_files(params, config, vocab).items():
-      with open(os.path.join(directory, name), 'wb') as f:
-        f.write(content if isinstance(content, bytes) else content.encode('utf-8'))
-  else:
-    spec = export.ctranslate2_model(params, config, vocab)
-    spec.optimize(quantization=None if _QUANTIZATION.value == 'float32' else _QUANTIZATION.value)
-    spec.save(directory)
-    for name, model in zip(('source.spm', 'target.spm'), vocab.sentencepiece_models()):
-      with open(os.path.join(directory, name), 'wb') as f:
-        f.write(model)
+  export.write(params, config, vocab, directory, _FORMAT.value, _QUANTIZATION.value)
   with open(os.path.join(directory, 'README.md'), 'w', encoding='utf-8') as f:
     f.write(card)
 

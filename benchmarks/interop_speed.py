@@ -50,16 +50,12 @@ def engines(workdir: str, directory: str, beam_size: int, threads: int, batch_si
   config = config_lib.load_workdir_config(workdir)
   vocab = data.load_vocabulary(config, workdir)
   params, _ = checkpoints.load_params(workdir, config)
+  for name, format_name in (('transformers', 'transformers'), ('float32', 'ctranslate2'),
+                            ('int8', 'ctranslate2')):
+    os.makedirs(os.path.join(directory, name))
+    export.write(params, config, vocab, os.path.join(directory, name), format_name,
+                 quantization='int8' if name == 'int8' else 'float32')
   hf_dir = os.path.join(directory, 'transformers')
-  os.makedirs(hf_dir)
-  for name, content in export.transformers_files(params, config, vocab).items():
-    with open(os.path.join(hf_dir, name), 'wb') as f:
-      f.write(content if isinstance(content, bytes) else content.encode('utf-8'))
-  for quantization in ('float32', 'int8'):
-    spec = export.ctranslate2_model(params, config, vocab)
-    spec.optimize(quantization=None if quantization == 'float32' else quantization)
-    os.makedirs(os.path.join(directory, quantization))
-    spec.save(os.path.join(directory, quantization))
   torch.set_num_threads(threads)
   tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
   model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()

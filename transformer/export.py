@@ -151,3 +151,19 @@ def ctranslate2_model(params, config: ml_collections.ConfigDict, vocab: Vocabula
   spec.config.layer_norm_epsilon = float(model.layer_norm_epsilon)
   spec.validate()
   return spec
+
+
+def write(params, config: ml_collections.ConfigDict, vocab: Vocabulary, directory: str,
+          format_name: str = 'transformers', quantization: str = 'float32'):
+  """The run's `params` as `format_name` (FORMATS; ctranslate2 at `quantization`) in the existing
+  `directory`, with the vocabulary's SentencePiece models, but for the model card."""
+  if format_name == 'transformers':
+    files = transformers_files(params, config, vocab)
+  else:
+    spec = ctranslate2_model(params, config, vocab)
+    spec.optimize(quantization=None if quantization == 'float32' else quantization)
+    spec.save(directory)
+    files = dict(zip(('source.spm', 'target.spm'), vocab.sentencepiece_models()))
+  for name, content in files.items():
+    with open(os.path.join(directory, name), 'wb') as f:
+      f.write(content if isinstance(content, bytes) else content.encode('utf-8'))
