@@ -9,6 +9,10 @@ paper's tables) and `bleu_paper_variant` (what that did), `bleu_lowercased` (low
 Moses-tokenized, as the multimodal-translation literature scores Multi30k) and
 `bleu_lowercased_variant`, `num_sentences`, `checkpoint_steps`,
 the decoding settings, `sentences_per_sec` after compilation and `compile_secs`.
+
+--workdir may be a Hugging Face Marian directory instead (an OPUS-MT model, an export.py output):
+its weights as they are, its generation_config.json's beam size and length penalty, the
+--source_file and --reference_file given, scored in the target language of its model card.
 """
 
 import json
@@ -18,10 +22,12 @@ import time
 
 from absl import app, flags, logging
 
-from transformer import bleu, checkpoints, commands, data, files, translate
+from configs import default
+from transformer import bleu, checkpoints, commands, data, files, marian, translate
 from transformer import config as config_lib
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json, checkpoints/).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json, checkpoints/), '
+                               'or a Hugging Face Marian directory.')
 _SPLIT = flags.DEFINE_string('split', 'test', 'Dataset split to translate: test or validation.')
 _SOURCE_FILE = flags.DEFINE_string('source_file', None, 'Translate this file instead of a split.')
 _REFERENCE_FILE = flags.DEFINE_string('reference_file', None, 'References for --source_file.')
@@ -39,6 +45,14 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   """(sources, references, what they are) from the flags."""
   if (_SOURCE_FILE.value is None) != (_REFERENCE_FILE.value is None):
     raise EvalError('--source_file and --reference_file go together')
+  if marian.is_marian_directory(_WORKDIR.value):
+    if _SOURCE_FILE.value is None:
+      raise EvalError(f'{_WORKDIR.value} is a Hugging Face Marian model, which names no dataset: '
+                      'give --source_file and --reference_file')
+    if marian.card_languages(_WORKDIR.value) is None:
+      raise EvalError(f'{_WORKDIR.value}/README.md names no language pair, and BLEU tokenizes in '
+                      'the target language: add "language: [SOURCE, TARGET]" (e.g. [en, de]) '
+                      'between "---" lines at its top')
   if _SOURCE_FILE.value is None:
     try:
       sources, references = data.split_texts(config, _SPLIT.value)
@@ -56,9 +70,12 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   return sources, references, _SOURCE_FILE.value
 
 
-def evaluate(sources: list[str], references: list[str], name: str) -> tuple[list[str], dict]:
-  """(the hypotheses, scores.json's dict) of the run in --workdir on `sources`."""
-  translator, params, config, steps = translate.load(_WORKDIR.value, **_DECODING.values())
+def evaluate(config, sources: list[str], references: list[str],
+             name: str) -> tuple[list[str], dict]:
+  """(the hypotheses, scores.json's dict) of the run in --workdir, whose config is `config`, on
+  `sources`."""
+  translator, params, config, steps = translate.load(_WORKDIR.value, **_DECODING.values(),
+                                                     config=config)
   began = time.time()
   hypotheses = translator.translate(params, sources, progress=True)
   seconds = time.time() - began
@@ -88,23 +105,24 @@ def main(argv):
   outputs = [os.path.join(_OUTPUT_DIR.value, name) for name in ('hypotheses.txt', 'scores.json')]
   try:
     # The texts and the outputs first: bad ones fail before the model is loaded.
-    stored_config = config_lib.load_workdir_config(_WORKDIR.value)
+    stored_config = config_lib.load_workdir_config(_WORKDIR.value, default.get_config)
     commands.set_up_jax(stored_config)
     sources, references, name = evaluation_texts(stored_config)
     with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):
       for path in outputs:
         files.check_writable(path, '--output_dir')
-      hypotheses, scores = evaluate(sources, references, name)
+      hypotheses, scores = evaluate(stored_config, sources, references, name)
       files.write_atomically(outputs[0], ''.join(h + '\n' for h in hypotheses))
       files.write_atomically(outputs[1], json.dumps(scores, indent=2) + '\n')
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
-          files.DirectoryError, EvalError) as error:
+          files.DirectoryError, marian.MarianError, EvalError) as error:
     sys.exit(f'eval.py: {error}')
   logging.info('sacreBLEU signature: %s', scores['sacrebleu_signature'])
   print(f'{name}: sacreBLEU {scores["sacrebleu"]:.2f} | paper BLEU {scores["bleu_paper"]:.2f} | '
         f'lowercased BLEU {scores["bleu_lowercased"]:.2f} | '
         f'{len(sources)} sentences | {scores["sentences_per_sec"]:.1f} sentences/s after '
-        f'{scores["compile_secs"]:.1f} s of compilation | checkpoints {scores["checkpoint_steps"]}')
+        f'{scores["compile_secs"]:.1f} s of compilation | '
+        f'checkpoints {scores["checkpoint_steps"] or "- (a Marian model)"}')
 
 
 if __name__ == '__main__':

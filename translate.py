@@ -5,6 +5,8 @@ r"""Translates sentences with a trained run: one sentence per line in, one trans
 
 reads --input (default: stdin) and writes --output (default: stdout), with the mean of the run's
 last average_last checkpoints and its beam search settings unless the flags say otherwise.
+--workdir may be a Hugging Face Marian directory instead (an OPUS-MT model, an export.py output):
+its weights as they are, with its generation_config.json's beam size and length penalty.
 """
 
 import sys
@@ -12,11 +14,12 @@ import time
 
 from absl import app, flags, logging
 
-from transformer import checkpoints, commands, data, files, translate
+from configs import default
+from transformer import checkpoints, commands, data, files, marian, translate
 from transformer import config as config_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
-                               'checkpoints/).')
+                               'checkpoints/), or a Hugging Face Marian directory.')
 _INPUT = flags.DEFINE_string('input', None, 'Sentences, one per line (default: stdin).')
 _OUTPUT = flags.DEFINE_string('output', None, 'Where translations go (default: stdout).')
 _DECODING = translate.DecodingFlags()
@@ -29,13 +32,15 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     # A wrong --workdir or --output fails before stdin is read.
-    commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value))
+    config = config_lib.load_workdir_config(_WORKDIR.value, default.get_config)
+    commands.set_up_jax(config)
     if _OUTPUT.value:
       files.check_writable(_OUTPUT.value, f'--output={_OUTPUT.value}')
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
     sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
                  data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
-    translator, params, _, steps = translate.load(_WORKDIR.value, **_DECODING.values())
+    translator, params, _, steps = translate.load(_WORKDIR.value, **_DECODING.values(),
+                                                  config=config)
     began = time.time()
     translations = translator.translate(params, sentences, progress=True)
     logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences),
@@ -44,7 +49,7 @@ def main(argv):
     if _OUTPUT.value:
       files.write_atomically(_OUTPUT.value, text)
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
-          files.DirectoryError) as error:
+          files.DirectoryError, marian.MarianError) as error:
     sys.exit(f'translate.py: {error}')
   if not _OUTPUT.value:
     sys.stdout.write(text)

@@ -60,11 +60,13 @@ def float32_matmuls():
     yield
 
 
-def run_script(*args, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+def run_script(*args, stdin: str | bytes | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
   """`python ARGS` in the repository root, on two simulated devices; its output as text."""
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
   result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          input=stdin.encode() if isinstance(stdin, str) else stdin, timeout=600)
+                          input=stdin.encode() if isinstance(stdin, str) else stdin,
+                          timeout=timeout)
   return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
                                      result.stderr.decode())
 

@@ -17,7 +17,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from tests.conftest import error_line, run_script
 from transformer import config as config_lib
-from transformer import data, decode, marian, translate
+from transformer import bleu, data, decode, marian, translate
 from transformer.model import Transformer, TransformerConfig, sinusoidal_encoding
 
 MODEL = dict(d_model=16, d_ff=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
@@ -301,6 +301,41 @@ def test_the_ctranslate2_export_translates_as_ours(tiny_run, exported, test_spli
   assert config['layer_norm_epsilon'] == 1e-6
 
 
+@pytest.fixture(scope='module')
+def multi30k_run(multi30k_dir, tmp_path_factory) -> str:
+  """configs/multi30k.py's recipe cut to 600 steps (warmup 300, the checkpoints of steps 400-600
+  averaged): test2016 sacreBLEU ~23 (~10 minutes on 2 CPU cores)."""
+  workdir = str(tmp_path_factory.mktemp('multi30k_run'))
+  result = run_script('train.py', '--config=configs/multi30k.py', f'--workdir={workdir}',
+                      f'--config.manual_dir={multi30k_dir}', '--config.num_train_steps=600',
+                      '--config.warmup_steps=300', '--config.checkpoint_every_steps=100',
+                      '--config.keep_checkpoints=3', '--config.average_last=3', timeout=2400)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+@pytest.mark.slow
+def test_int8_ctranslate2_scores_within_half_a_bleu_of_ours_on_multi30k(multi30k_run, tmp_path):
+  """Multi30k test2016, beam 4 at alpha 0 (where the length penalties agree) and our length
+  limits: the int8 model's sacreBLEU within 0.5 of ours. (At alpha 1.0, the full recipe:
+  benchmarks/results/interop_speed.md.)"""
+  directory = str(tmp_path / 'int8')
+  result = run_script('export.py', f'--workdir={multi30k_run}', f'--output_dir={directory}',
+                      '--format=ctranslate2', '--quantization=int8')
+  assert result.returncode == 0, result.stderr[-3000:]
+  config = config_lib.load_workdir_config(multi30k_run)
+  vocab = data.load_vocabulary(config, multi30k_run)
+  sources, references = data.split_texts(config, 'test')
+  ids = vocab.encode_batch(sources, add_eos=True)
+  scores = {name: bleu.sacrebleu_score([vocab.decode(output) for output in outputs], references,
+                                       config.target_lang)[0]
+            for name, outputs in (('ours', our_outputs(multi30k_run, sources, config.beam_size)),
+                                  ('int8', ctranslate2_outputs(directory, vocab, ids,
+                                                               config.beam_size)))}
+  assert len(sources) == 1000 and scores['ours'] > 15, scores  # a model that translates
+  assert abs(scores['int8'] - scores['ours']) <= 0.5, scores
+
+
 def test_export_refuses_what_marian_cannot_hold_before_any_work(tiny_run, tmp_path):
   stored = json.load(open(os.path.join(tiny_run, 'config.json')))
   for key, value in (('layer_norm', 'pre'), ('positional_encoding', 'learned')):
@@ -421,6 +456,51 @@ def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_we
     for i, text in zip(group, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
       expected[i] = text
   assert result.stdout.splitlines() == expected
+  # The directory itself as translate.py's --workdir: the same translations.
+  result = run_script('translate.py', f'--workdir={directory}', '--beam_size=1',
+                      stdin=''.join(s + '\n' for s in sources[:40]))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.splitlines() == expected
+
+
+def test_eval_py_scores_a_marian_directory_with_its_generation_settings(tiny_run, exported,
+                                                                        test_split, tmp_path):
+  """eval.py --workdir=EXPORT translates with the exported weights at transformers' LayerNorm
+  epsilon, the beam size and alpha of generation_config.json, and the model card's target
+  language; what a Marian directory cannot do is refused in one line."""
+  config, vocab, sources, _ = test_split
+  _, references = data.split_texts(config, 'test')
+  for name, lines in (('source', sources), ('reference', references)):
+    (tmp_path / f'{name}.txt').write_text(''.join(line + '\n' for line in lines))
+  directory = exported['transformers']
+  files = [f'--source_file={tmp_path}/source.txt', f'--reference_file={tmp_path}/reference.txt']
+  result = run_script('eval.py', f'--workdir={directory}', *files, f'--output_dir={tmp_path}/eval')
+  assert result.returncode == 0, result.stderr[-3000:]
+  scores = json.load(open(tmp_path / 'eval' / 'scores.json'))
+  assert (scores['checkpoint_steps'], scores['beam_size'], scores['alpha']) == (
+      None, config.beam_size, config.alpha)
+
+  _, params, _, _ = translate.load(tiny_run)
+  at_their_epsilon = config.copy_and_resolve_references()
+  at_their_epsilon.model.layer_norm_epsilon = marian.LAYER_NORM_EPSILON
+  ours = translate.Translator(at_their_epsilon, vocab, config.beam_size, config.alpha)
+  assert (tmp_path / 'eval' / 'hypotheses.txt').read_text().splitlines() == ours.translate(
+      params, sources)
+
+  bare = tmp_path / 'bare'
+  bare.mkdir()
+  for file in os.listdir(directory):
+    if file != 'README.md':  # no model card: no languages
+      (bare / file).write_bytes(open(os.path.join(directory, file), 'rb').read())
+  for script, flags, message in (
+      ('eval.py', [f'--workdir={directory}'], 'names no dataset: give --source_file and '
+       '--reference_file'),
+      ('eval.py', [f'--workdir={bare}', *files], 'README.md names no language pair'),
+      ('average_checkpoints.py', [f'--workdir={directory}'], 'is a Hugging Face Marian directory, '
+       'not a train.py workdir')):
+    line = error_line(run_script(script, *flags, f'--output_dir={tmp_path}/{script}'))
+    assert line.startswith(f'{script}: ') and message in line, line
+    assert not (tmp_path / script).exists()
 
 
 def test_export_then_import_then_export_gives_the_same_files(tiny_run, exported, tmp_path):

@@ -305,13 +305,21 @@ def as_stored_fix(message: str, path: str) -> str:
                 lambda match: f'set "{match[1]}" to {match[2]} in {path}', message)
 
 
-def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
-  """The validated config.json that train.py wrote in `workdir`.
+def load_workdir_config(workdir: str, defaults=None) -> ml_collections.ConfigDict:
+  """The validated config.json that train.py wrote in `workdir`; for a Hugging Face Marian
+  directory, `marian_directory_config(workdir, defaults())`, where `defaults` gives a full config
+  (configs/default.py's `get_config`).
 
   Raises:
     ConfigError: it is missing, unreadable, or holds a value this version refuses; the message
       names the file.
   """
+  if marian.is_marian_directory(workdir):
+    if defaults is None:
+      raise ConfigError(f'{workdir} is a Hugging Face Marian directory, not a train.py workdir: '
+                        'eval.py and translate.py take it as --workdir, train.py as '
+                        '--config.init_from')
+    return marian_directory_config(workdir, defaults())
   path = epath.Path(workdir) / 'config.json'
   try:
     return validate(ml_collections.ConfigDict(read_stored(path)))
@@ -320,3 +328,23 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
     raise ConfigError(message if str(path) in message else f'{path}: {message}') from None
 
 
+def marian_directory_config(directory: str,
+                            config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` (changed in place) set to translate with the Marian model in `directory` as it is:
+  its architecture and vocabulary (config.init_from), computed in float32 as transformers does,
+  the beam size and length penalty's alpha of its generation_config.json
+  (`marian.decoding_keys`) and the languages its model card names; validated.
+
+  Raises:
+    ConfigError: the directory holds a model or a setting this codebase cannot take; named.
+  """
+  config.init_from = directory
+  with_imported_model(config)
+  config.model.dtype = 'float32'
+  try:
+    config.update(marian.decoding_keys(directory))
+    config.source_lang, config.target_lang = (marian.card_languages(directory) or
+                                              (config.source_lang, config.target_lang))
+    return validate(config)
+  except (marian.MarianError, ConfigError, TypeError) as error:  # TypeError: a value's type
+    raise ConfigError(f'{directory}: {error}') from None

@@ -23,6 +23,7 @@ import os
 
 import jax
 import numpy as np
+import yaml
 from etils import epath
 from flax.traverse_util import flatten_dict, unflatten_dict
 
@@ -344,11 +345,50 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
     raise MarianError(f'{path} cannot be read ({error})') from None
 
 
-def import_params(directory: str, model: TransformerConfig, tokens: np.ndarray) -> dict:
+def import_params(directory: str, model: TransformerConfig) -> dict:
   """The parameters of the Marian model in `directory` for our `model` (its config's
-  `model_keys`), token rows in `tokens`' order (`token_order`)."""
+  `model_keys`), token rows in our order (`token_order` of its config.json and vocab.json)."""
+  tokens = token_order(read_json(directory, 'config.json'), read_json(directory, 'vocab.json'))
   shapes = flatten_dict(jax.eval_shape(
       Transformer(model).init, jax.random.key(0), jax.ShapeDtypeStruct((1, 1), np.int32),
       jax.ShapeDtypeStruct((1, 1), np.int32))['params'])
   keys = {key: getattr(model, key) for key in ('d_model', 'share_embeddings')}
   return unflatten_dict(from_marian(read_tensors(directory), keys, shapes, tokens))
+
+
+def is_marian_directory(path: str) -> bool:
+  """Whether `path` holds a Hugging Face Marian model (its config.json's "model_type" is
+  "marian") rather than a train.py workdir."""
+  try:
+    return json.loads(epath.Path(path, 'config.json').read_bytes()).get('model_type') == 'marian'
+  except (OSError, ValueError, AttributeError):  # no such file, not JSON, not an object
+    return False
+
+
+def decoding_keys(directory: str) -> dict:
+  """Our `beam_size` and `alpha` from the directory's "num_beams" and "length_penalty", where
+  its generation_config.json (or, as older models keep them, its config.json) gives them."""
+  keys = {}
+  for name in ('config.json', 'generation_config.json'):  # the second wins
+    if epath.Path(directory, name).exists():
+      settings = read_json(directory, name)
+      keys.update({ours: settings[theirs] for theirs, ours in (('num_beams', 'beam_size'),
+                                                               ('length_penalty', 'alpha'))
+                   if theirs in settings})
+  return keys
+
+
+def card_languages(directory: str) -> tuple[str, str] | None:
+  """(source, target) language of the model card's front matter (README.md's `language:`, two
+  codes, the source first, as export.py writes them), or None where it names no such pair."""
+  path = epath.Path(directory, 'README.md')
+  try:
+    text = path.read_text(encoding='utf-8')
+    front = yaml.safe_load(text.split('---')[1]) if text.startswith('---') else None
+  except (OSError, ValueError, yaml.YAMLError):
+    return None
+  languages = front.get('language') if isinstance(front, dict) else None
+  if isinstance(languages, list) and len(languages) == 2 and all(
+      isinstance(code, str) for code in languages):
+    return languages[0], languages[1]
+  return None

@@ -51,10 +51,8 @@ def initial_state(config: ml_collections.ConfigDict) -> TrainState:
   """
   with jax.default_device(jax.local_devices(backend='cpu')[0]):
     if config.init_from:  # a Marian model's weights, in our token order
-      tokens = marian.token_order(marian.read_json(config.init_from, 'config.json'),
-                                  marian.read_json(config.init_from, 'vocab.json'))
       params = jax.tree_util.tree_map(jnp.asarray, marian.import_params(
-          config.init_from, config_lib.model_config(config), tokens))
+          config.init_from, config_lib.model_config(config)))
     else:
       params = jax.jit(functools.partial(_initial_params, config))()
     return TrainState.create(apply_fn=None, params=params, tx=optim.optimizer(config))

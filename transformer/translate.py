@@ -12,7 +12,7 @@ import tqdm
 from absl import flags, logging
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, data, decode, metrics, train_step
+from transformer import checkpoints, data, decode, marian, metrics, train_step
 from transformer import config as config_lib
 from transformer.kernels import choice, compile_ahead
 
@@ -271,26 +271,40 @@ class DecodingFlags:
 
 
 def load(workdir: str, average_last: int | None = None, beam_size: int | None = None,
-         alpha: float | None = None, up_to_step: int | None = None):
+         alpha: float | None = None, up_to_step: int | None = None,
+         config: ml_collections.ConfigDict | None = None):
   """What translating with a trained run takes, as eval.py and translate.py use it.
 
   Args:
-    workdir: a train.py workdir.
+    workdir: a train.py workdir, or a Hugging Face Marian directory (its weights as they are).
     average_last: checkpoints to average (None: the config's average_last).
     beam_size: None: the config's.
     alpha: None: the config's.
     up_to_step: average the checkpoints at or before this step (None: the newest).
+    config: the workdir's config, if loaded already (`config.load_workdir_config`); a Marian
+      directory's is needed.
 
   Returns:
     (a `Translator`, the parameters replicated over the local devices, the run's config, the
-    checkpoint steps averaged).
+    checkpoint steps averaged (None for a Marian directory)).
 
   Raises:
-    ConfigError, DataError, CheckpointError: the workdir is not a usable run; the message says why.
+    ConfigError, DataError, CheckpointError, MarianError: the workdir is not a usable run; the
+      message says why.
   """
-  config = choice.runnable_here(config_lib.load_workdir_config(workdir))
-  vocab = data.load_vocabulary(config, workdir)
-  params, steps = checkpoints.load_params(workdir, config, average_last, up_to_step)
+  if config is None:
+    config = config_lib.load_workdir_config(workdir)
+  config = choice.runnable_here(config)
+  if marian.is_marian_directory(workdir):
+    if average_last is not None or up_to_step is not None:
+      raise config_lib.ConfigError(f'{workdir} is a Hugging Face Marian model, one set of weights: '
+                                   '--average_last and --up_to_step choose checkpoints of a '
+                                   'train.py run')
+    vocab = data.marian_vocabulary(workdir)
+    params, steps = marian.import_params(workdir, config_lib.model_config(config)), None
+  else:
+    vocab = data.load_vocabulary(config, workdir)
+    params, steps = checkpoints.load_params(workdir, config, average_last, up_to_step)
   translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
                           config.alpha if alpha is None else alpha)
   return translator, train_step.replicate(params), config, steps

@@ -22,8 +22,9 @@ from transformer.data.errors import DataError
 from transformer.data.sources import load_split, split_texts
 from transformer.data.text_files import decode_lines, read_lines
 from transformer.data.vocabulary import (EOS_ID, PAD_ID, UNK_ID, Vocabulary,
-                                         load_or_train_vocabulary, load_vocabulary)
+                                         load_or_train_vocabulary, load_vocabulary,
+                                         marian_vocabulary)
 
 __all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'decode_lines',
            'eval_batches', 'load_or_train_vocabulary', 'load_split', 'load_vocabulary',
-           'read_lines', 'split_texts', 'train_batches']
+           'marian_vocabulary', 'read_lines', 'split_texts', 'train_batches']
