@@ -462,14 +462,20 @@ def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path,
   assert not workdir.exists()
 
 
-def test_a_run_resumed_at_or_past_its_last_step_says_there_is_nothing_to_train(full_run,
-                                                                                tmp_path):
-  workdir = str(tmp_path / 'run')
+def test_a_run_resumed_at_or_past_its_last_step_trains_nothing_and_changes_nothing(full_run,
+                                                                                   tmp_path):
+  """Its config.json keeps the steps eval.py averages; no file of the workdir changes."""
+  workdir = tmp_path / 'run'
   shutil.copytree(full_run, workdir)
-  logged = train_in_process(workdir, num_train_steps=50)
-  assert ('checkpoint 100 is at or past config.num_train_steps=50: nothing to train (raise '
-          'num_train_steps to train on; eval.py scores the run)') in logged
-  assert Checkpoints(workdir, 3).all_steps() == [50, 100]
+  files_of = lambda: {str(path.relative_to(workdir)): path.read_bytes()
+                      for path in sorted(workdir.rglob('*')) if path.is_file()}
+  before = files_of()
+  logged = train_in_process(str(workdir), num_train_steps=50, checkpoint_every_steps=25)
+  assert (f'checkpoint 100 is at or past config.num_train_steps=50: nothing to train, and nothing '
+          f'in {workdir} changed (raise num_train_steps to train on; eval.py scores the run)'
+          ) in logged
+  assert files_of() == before
+  assert Checkpoints(str(workdir), 3).all_steps() == [50, 100]
 
 
 def test_resuming_with_another_model_is_refused(full_run):

@@ -486,8 +486,24 @@ def _sole_run(workdir: str):
     yield
 
 
+def _nothing_to_train(config: ml_collections.ConfigDict, workdir: str) -> bool:
+  """Whether the workdir's newest checkpoint is at or past config.num_train_steps; then it says
+  so, and the run changes nothing: its config.json still gives the steps eval.py averages."""
+  latest = None
+  if epath.Path(workdir, CHECKPOINTS_DIR).is_dir():
+    latest = Checkpoints(workdir, read_only=True).latest_step()
+  if latest is None or latest < config.num_train_steps:
+    return False
+  logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train, and '
+                  'nothing in %s changed (raise num_train_steps to train on; eval.py scores the '
+                  'run)', latest, config.num_train_steps, workdir)
+  return True
+
+
 def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.StepFunctions):
   """`train`'s work, once the workdir is this run's."""
+  if _nothing_to_train(config, workdir):
+    return
   check_and_write_config(config, workdir)
   preemption = _Preemption()  # before the data's preparation, which a signal may end too
   preemption.nothing_to_save = ('stopped before training: nothing new to save, and the files '
@@ -516,21 +532,17 @@ def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.St
     preemption.nothing_to_save = (
         'stopped while compiling the train step: nothing new to save since '
         f'{f"checkpoint {start_step}" if start_step else "the start"}')
-    began, stream = time.time(), batches
-    if start_step >= config.num_train_steps:
-      logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train '
-                      '(raise num_train_steps to train on; eval.py scores the run)', start_step,
-                      config.num_train_steps)
-    else:  # the final BLEU translates validation and test
-      first = next(batches)
-      stream = itertools.chain([first], batches)
-      if jax.process_count() == 1:  # where compile_ahead runs
-        # Traced before compile_ahead's thread starts tracing too: sharing the interpreter with it
-        # delayed the first step.
-        optimizer_step.lower(state, first)
-      evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-      evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
-                              ['validation', 'test'])
+    began = time.time()
+    first = next(batches)
+    stream = itertools.chain([first], batches)
+    if jax.process_count() == 1:  # where compile_ahead runs
+      # Traced before compile_ahead's thread starts tracing too: sharing the interpreter with it
+      # delayed the first step.
+      optimizer_step.lower(state, first)
+    evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
+    # The final BLEU translates validation and test.
+    evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
+                            ['validation', 'test'])
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, stream)
       if step == start_step + 1:  # its first call compiled the step before dispatching it
@@ -569,8 +581,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.St
         logging.info('%s: saved a checkpoint at step %d; stopping', preemption.signal_name, step)
         break
     else:
-      if start_step < config.num_train_steps:
-        _final_bleu(config, checkpoints, evaluator, preemption)
+      _final_bleu(config, checkpoints, evaluator, preemption)
   finally:
     preemption.restore()
     checkpoints.wait()  # first: a preempted run has seconds left
