@@ -83,6 +83,9 @@ def rescored() -> tuple[str, str, dict, list[str]]:
   """The run of the row --rescore names; (its workdir, the label and row its scores go to, the
   splits to score): a new row with the decoding changes given, on the splits the row named was
   scored on, or without any changes, that row itself, on the splits it lacks."""
+  if FLAGS.splits == []:  # pylint: disable=use-implicit-booleaness-not-comparison
+    raise SystemExit(f'--rescore={FLAGS.rescore}: --splits is empty: name the splits to score '
+                     f'({", ".join(SPLITS)}), or leave it out')
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
   scored = _row(rows, FLAGS.rescore)['splits']

@@ -499,6 +499,13 @@ def test_a_rescore_decodes_as_its_row_states_not_as_the_run_was_trained(monkeypa
     calls.clear()
   with pytest.raises(SystemExit, match='new_beam8: already scored on validation, test; give'):
     reproduce_multi30k.main([])
+  for changes in ({}, {'beam_size': 6}):  # an empty --splits names no split, changes or not
+    monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
+        label='x', splits=[], output=str(tmp_path), rescore='new_beam8',
+        **(dict(average_last=None, beam_size=None, alpha=None) | changes)))
+    with pytest.raises(SystemExit, match=r'--rescore=new_beam8: --splits is empty: name the '
+                       r'splits to score \(validation, test\), or leave it out'):
+      reproduce_multi30k.main([])
   monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
       label='x', rescore=None, average_last=None, beam_size=8, alpha=None))
   with pytest.raises(SystemExit, match='a new run takes them as --override=key=value'):
