@@ -92,4 +92,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  commands.run(main, 'train.py', config_flag=True)
+  commands.run(main, 'train.py', config_flag=True, sigterm_ends=False)

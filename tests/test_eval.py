@@ -310,24 +310,42 @@ def test_a_failed_or_interrupted_evaluation_leaves_no_output_directory(workdir, 
   assert 'average_last=4, but' in error_line(run_script(
       'eval.py', f'--workdir={workdir}', '--average_last=4', f'--output_dir={output_dir}'))
   assert os.listdir(tmp_path) == []
-  # Ctrl-C while translating: one line, the status of a SIGINT, nothing written.
+  # Ctrl-C or SIGTERM (a preempted job) while translating: one line, the signal's status,
+  # nothing written.
   sources, references = data.split_texts(config_lib.load_workdir_config(workdir), 'test')
   for side, lines in (('source', sources), ('reference', references)):
     (tmp_path / side).write_text('\n'.join(lines * 40) + '\n', encoding='utf-8')
-  process = popen_as_from_a_terminal(
-      [sys.executable, 'eval.py', f'--workdir={workdir}', f'--source_file={tmp_path}/source',
-       f'--reference_file={tmp_path}/reference', f'--output_dir={output_dir}'],
-      cwd=ROOT, stderr=subprocess.PIPE, text=True,
-      env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1'))
+  for signum, status, said in ((signal.SIGINT, 130, 'Ctrl-C'), (signal.SIGTERM, 143, 'SIGTERM')):
+    process = popen_as_from_a_terminal(
+        [sys.executable, 'eval.py', f'--workdir={workdir}', f'--source_file={tmp_path}/source',
+         f'--reference_file={tmp_path}/reference', f'--output_dir={output_dir}'],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1'))
+    for line in process.stderr:
+      if re.search(r'translated \d+/8000 sentences', line):
+        break
+    process.send_signal(signum)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == status and 'Traceback' not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f'eval.py: stopped by {said}; the files it was writing are as they were')
+    assert sorted(os.listdir(tmp_path)) == ['reference', 'source']
+
+
+def test_sigterm_while_translate_py_loads_the_run_ends_it_at_once_with_nothing_written(
+    workdir, tmp_path):
+  (tmp_path / 'input').write_text('A man is riding a bicycle.\n' * 2000, encoding='utf-8')
+  process = subprocess.Popen(
+      [sys.executable, 'translate.py', f'--workdir={workdir}', f'--input={tmp_path}/input',
+       f'--output={tmp_path}/output'], cwd=ROOT, stderr=subprocess.PIPE, text=True)
   for line in process.stderr:
-    if re.search(r'translated \d+/8000 sentences', line):
+    if 'checkpoint_manager' in line:  # restoring the checkpoints to average
       break
-  process.send_signal(signal.SIGINT)
-  stderr = process.communicate(timeout=120)[1]
-  assert process.returncode == 130 and 'Traceback' not in stderr, stderr[-3000:]
-  assert stderr.strip().splitlines()[-1] == (
-      'eval.py: stopped by Ctrl-C; the files it was writing are as they were')
-  assert sorted(os.listdir(tmp_path)) == ['reference', 'source']
+  process.send_signal(signal.SIGTERM)
+  stderr = process.communicate(timeout=60)[1]
+  assert process.returncode == 143 and stderr.strip().splitlines()[-1] == (
+      'translate.py: stopped by SIGTERM; the files it was writing are as they were'), stderr
+  assert os.listdir(tmp_path) == ['input']
 
 
 def test_a_runs_config_that_this_version_refuses_is_named_with_a_fix_in_it(workdir, tmp_path):

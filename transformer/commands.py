@@ -1,11 +1,15 @@
 """What the commands (train.py, eval.py, translate.py, ...) do around the library: read their
 flags, with the --config file flag's mistakes as one line, set up JAX for the run (its XLA flags,
-its compilation cache), and end a Ctrl-C in one line. The library itself touches none of these.
+its compilation cache), and end a Ctrl-C or a SIGTERM in one line. The library itself touches none
+of these.
 """
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 
 import jax
 import ml_collections
@@ -116,11 +120,36 @@ def flags_parser(command: str):
   return parse
 
 
-def run(main, command: str, config_flag: bool = False):
+def end_at_once_on_sigterm(command: str):
+  """Ends the process at once on SIGTERM (a preempted job, a scheduler's stop), even inside a
+  library's long call (a compilation, a beam search), where Python runs no handler until it
+  returns: a thread woken by the signal itself (`signal.set_wakeup_fd`) removes what was being
+  written (`files.stop_writing`), says so in one line and exits with SIGTERM's status, 143."""
+  woken, wakeup = socket.socketpair()
+  wakeup.setblocking(False)
+  signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the thread's to handle
+  signal.set_wakeup_fd(wakeup.fileno())
+
+  def end(sockets):  # both held here: a socket closes once nothing refers to it
+    while signal.SIGTERM not in sockets[0].recv(64):  # the numbers of the signals received
+      pass
+    files.stop_writing()
+    print(f'{command}: stopped by SIGTERM; the files it was writing are as they were',
+          file=sys.stderr, flush=True)
+    os._exit(128 + signal.SIGTERM)
+
+  threading.Thread(target=end, args=((woken, wakeup),), name='sigterm', daemon=True).start()
+
+
+def run(main, command: str, config_flag: bool = False, sigterm_ends: bool = True):
   """absl's `app.run(main)` for `command` (e.g. 'eval.py'): a Ctrl-C ends it with one line and
-  status 130, not a traceback; the files it was writing are left as they were
-  (`files.open_atomically`). With `config_flag`, a bad --config ends it with one line too
-  (`flags_parser`)."""
+  status 130, not a traceback, and so does a SIGTERM, with status 143, at once
+  (`end_at_once_on_sigterm`, unless `sigterm_ends` is False: train.py saves first); the files it
+  was writing are left as they were (`files.open_atomically`). With `config_flag`, a bad
+  --config ends it with one line too (`flags_parser`)."""
+  if sigterm_ends:
+    end_at_once_on_sigterm(command)
+
   def interruptible(argv):
     try:
       return main(argv)

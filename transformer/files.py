@@ -13,18 +13,24 @@ import uuid
 from etils import epath
 
 
-# What `stop_writing` waits for or removes: local temporary files being written, and appends.
+# What `stop_writing` waits for or removes: local temporary files being written, appends, and
+# output directories made for a block (`made_for_the_block`) while they are empty.
 _TEMPORARIES = set()
 _APPENDING = threading.Lock()
+_MADE_DIRECTORIES = set()
 
 
 def stop_writing():
   """Readies the process to end at once (os._exit), with nothing half-written: waits for an
-  append under way (`append_line`) and blocks any other, and removes the temporary files of
-  writes under way (`open_atomically`), whose paths keep their old contents."""
+  append under way (`append_line`) and blocks any other, removes the temporary files of writes
+  under way (`open_atomically`), whose paths keep their old contents, and the output directories
+  made for them that are still empty."""
   _APPENDING.acquire()
   for path in list(_TEMPORARIES):
     path.unlink(missing_ok=True)
+  for path in list(_MADE_DIRECTORIES):
+    with contextlib.suppress(OSError):  # not empty
+      os.rmdir(path)
 
 
 def is_remote(path: str) -> bool:
@@ -72,14 +78,18 @@ def made_for_the_block(path: str, given_by: str):
   Raises:
     DirectoryError: as `make_directory`.
   """
-  made = not epath.Path(path).exists()
+  made = not epath.Path(path).exists() and not is_remote(path)
   make_directory(path, given_by)
+  if made:
+    _MADE_DIRECTORIES.add(path)
   try:
     yield
   except BaseException:
-    if made and not is_remote(path) and not os.listdir(path):
+    if made and not os.listdir(path):
       os.rmdir(path)
     raise
+  finally:
+    _MADE_DIRECTORIES.discard(path)
 
 
 def free_mib(directory: str) -> float | None:
