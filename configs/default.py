@@ -109,6 +109,10 @@ def get_config():
   config.log_every_steps = 100
   config.eval_every_steps = 1000
   config.bleu_every_steps = 10_000
+  # Training ends with both BLEUs of the averaged checkpoints on these splits (comma-separated;
+  # empty: none). An untrained model decodes every sentence to its length + decode_extra_length:
+  # a quick check of a set-up (num_train_steps=3) leaves them out.
+  config.final_bleu_splits = 'validation,test'
   # Section 6.1 wrote checkpoints at 10-minute intervals, on 8 P100s ~1,400 base steps (100k in
   # 12 hours): by steps, the averaged window is the paper's on any hardware.
   config.checkpoint_every_steps = 1400

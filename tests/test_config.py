@@ -81,6 +81,7 @@ BAD_VALUES = [
     ('target_lang', 'en', 'must differ'),
     ('label_smoothing', 1.5, r'\[0.0, 1.0\)'),
     ('num_train_steps', 0, 'integer >= 1'),
+    ('final_bleu_splits', 'valid,test', "must be 'validation', 'test', both"),
     ('grad_accum_steps', 0, 'integer >= 1'),
     ('log_every_steps', -1, 'integer >= 0'),
     ('average_last', 9, 'keep_checkpoints'),

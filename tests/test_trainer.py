@@ -478,6 +478,18 @@ def test_a_run_resumed_at_or_past_its_last_step_trains_nothing_and_changes_nothi
   assert Checkpoints(str(workdir), 3).all_steps() == [50, 100]
 
 
+@pytest.mark.parametrize('splits', ['test', ''])
+def test_the_closing_bleu_scores_the_final_bleu_splits_only(tmp_path, splits):
+  """A quick check of a set-up (a few steps) can leave out the closing BLEU, which an untrained
+  model makes long; its progress is logged."""
+  workdir = str(tmp_path / 'run')
+  logged = train_in_process(workdir, num_train_steps=4, checkpoint_every_steps=0, average_last=1,
+                            eval_every_steps=0, final_bleu_splits=splits)
+  assert [r['split'] for r in read_metrics(workdir) if 'sacrebleu' in r] == (
+      [splits] if splits else [])
+  assert ('translated 200/200 sentences' in logged) == bool(splits)
+
+
 def test_resuming_with_another_model_is_refused(full_run):
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=128 conflicts with 64 in'):
     train_in_process(full_run, **{'model.d_ff': 128})

@@ -178,6 +178,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
               'checkpoint_every_steps', 'checkpoint_every_secs'):
     _check_int(config, key, 0)
   _check_int(config, 'preemption_check_every_steps', 1)
+  final_splits = _get(config, 'final_bleu_splits')
+  if not isinstance(final_splits, str) or final_splits and not set(
+      final_splits.split(',')) <= {'validation', 'test'}:
+    _fail('final_bleu_splits', final_splits, "must be 'validation', 'test', both "
+          "('validation,test') or empty (none)")
   keep = _check_int(config, 'keep_checkpoints', 1)
   average_last = _check_int(config, 'average_last', 1)
   if average_last > keep:
@@ -246,7 +251,7 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'cooldown_steps': 0, 'init_from': ''}
+              'cooldown_steps': 0, 'init_from': '', 'final_bleu_splits': 'validation,test'}
 # Model keys added after the first runs (Marian's variants, transformer/marian.py), each with its
 # choices; the first is the value that keeps the behaviour from before it.
 ADDED_MODEL_KEY_CHOICES = {'activation': ('relu', 'swish', 'gelu'),

@@ -293,7 +293,8 @@ class _Evaluator:
       return True
     logging.info('translating %s (%d sentences) at step %d', split, len(sources), step)
     try:
-      hypotheses = self.translator.translate(params, sources, stop=stop)
+      # With its progress and time left: an untrained model's outputs are long.
+      hypotheses = self.translator.translate(params, sources, progress=True, stop=stop)
     except translate.Interrupted as error:
       logging.info('%s BLEU at step %d: %s', split, step, error)
       return False
@@ -398,18 +399,25 @@ def _every_between(start: int, end: int, interval: int) -> bool:
   return interval > 0 and end // interval > start // interval
 
 
+def final_bleu_splits(config) -> list[str]:
+  """The splits training ends by scoring (config.final_bleu_splits)."""
+  return [split for split in config.final_bleu_splits.split(',') if split]
+
+
 def _final_bleu(config, checkpoints: Checkpoints, evaluator: _Evaluator,
                 preemption: _Preemption):
-  """Both BLEUs on validation and test with the mean of the last config.average_last
+  """Both BLEUs on config.final_bleu_splits with the mean of the last config.average_last
   checkpoints, as eval.py scores the finished run by default (section 6.1 of the paper); a
   SIGTERM or Ctrl-C ends them at once, the checkpoints being written."""
+  if not final_bleu_splits(config):
+    return
   checkpoints.wait()
   preemption.nothing_to_save = (
       f'stopped in the closing BLEU: every checkpoint is saved, the last at step '
       f'{checkpoints.latest_step()}; eval.py --workdir=DIR scores the run')
   params, steps = checkpoints.mean_params(config.average_last, state_shapes(config))
   params = train_step.replicate(params)
-  for split in ('validation', 'test'):
+  for split in final_bleu_splits(config):
     evaluator.bleu(params, config.num_train_steps, split, checkpoint_steps=steps)
 
 
@@ -540,9 +548,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.St
       # delayed the first step.
       optimizer_step.lower(state, first)
     evaluates = _every_between(start_step, config.num_train_steps, config.eval_every_steps)
-    # The final BLEU translates validation and test.
     evaluator.compile_ahead(state.params, ['validation'] if evaluates else [],
-                            ['validation', 'test'])
+                            final_bleu_splits(config))
     for step in range(start_step + 1, config.num_train_steps + 1):
       state, step_metrics = optimizer_step(state, stream)
       if step == start_step + 1:  # its first call compiled the step before dispatching it
