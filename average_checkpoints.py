@@ -5,8 +5,9 @@ r"""Averages the parameters of a run's last N checkpoints into a new workdir.
 
 OUT gets the run's config.json (with average_last=1: its one checkpoint is already the average)
 and vocabulary, and one checkpoint at the newest averaged step; --up_to_step averages the last
-checkpoints at or before step S, the run as it stood then. (eval.py averages the last
-config.average_last checkpoints in memory without writing anything.)
+checkpoints at or before step S, the run as it stood then. A new or empty local OUT appears whole
+or not at all. (eval.py averages the last config.average_last checkpoints in memory without
+writing anything.)
 """
 
 import json
@@ -37,17 +38,25 @@ def main(argv):
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
     vocab = data.load_vocabulary(config, _WORKDIR.value)
+    last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
+    averaged_config = json.loads(config.to_json())
+    averaged_config['average_last'] = 1
+
+    def write(directory: str) -> list[int]:
+      steps = checkpoints.write_average(_WORKDIR.value, directory, config, last,
+                                        _UP_TO_STEP.value)
+      vocabulary.write(vocab, directory)
+      # Last: a config.json makes the directory a workdir other commands read.
+      files.write_atomically(os.path.join(directory, 'config.json'),
+                             json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
+      return steps
+
     with files.made_for_the_block(output_dir, '--output_dir'):
       files.check_writable(os.path.join(output_dir, 'config.json'), '--output_dir')
-      last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
-      steps = checkpoints.write_average(_WORKDIR.value, output_dir, config, last,
-                                        _UP_TO_STEP.value)
-      averaged_config = json.loads(config.to_json())
-      averaged_config['average_last'] = 1
-      vocabulary.write(vocab, output_dir)
-      # Last: a config.json makes the directory a workdir other commands read.
-      files.write_atomically(os.path.join(output_dir, 'config.json'),
-                             json.dumps(averaged_config, indent=2, sort_keys=True) + '\n')
+      if files.is_remote(output_dir) or os.listdir(output_dir):
+        steps = write(output_dir)  # beside what is there; a bucket renames no directory
+      else:  # whole or not at all: an average cut short leaves nothing to block its rerun
+        steps = files.write_directory(output_dir, write)
   except (config_lib.ConfigError, checkpoints.CheckpointError, data.DataError,
           files.DirectoryError) as error:
     sys.exit(f'average_checkpoints.py: {error}')

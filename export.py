@@ -18,9 +18,7 @@ OUT must be new or empty; it appears whole or not at all.
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 from absl import app, flags
 from etils import epath
@@ -137,23 +135,6 @@ def model_card(config, steps: list[int], rows: list[dict], format_name: str,
   return '\n'.join(lines)
 
 
-def write_directory(output_dir: str, write):
-  """Calls write(directory) on a new directory beside `output_dir`, then moves it into place:
-  OUT appears whole or not at all."""
-  parent = os.path.dirname(os.path.abspath(output_dir))
-  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(os.path.abspath(output_dir))}.tmp-',
-                             dir=parent)
-  try:
-    write(staging)
-    os.chmod(staging, 0o755)
-    if os.path.isdir(output_dir):
-      os.rmdir(output_dir)  # empty: checked before
-    os.replace(staging, output_dir)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
-
-
 def write(params, config, vocab, card: str, directory: str):
   """The flags' format of the run's `params` in `directory`, with the model `card`."""
   export.write(params, config, vocab, directory, _FORMAT.value, _QUANTIZATION.value)
@@ -178,7 +159,9 @@ def main(argv):
                                               _UP_TO_STEP.value)
       card = model_card(config, steps, evaluations(_WORKDIR.value, steps, _SCORES.value),
                         _FORMAT.value, _QUANTIZATION.value)
-      write_directory(_OUTPUT_DIR.value, functools.partial(write, params, config, vocab, card))
+      # OUT appears whole or not at all.
+      files.write_directory(_OUTPUT_DIR.value,
+                            functools.partial(write, params, config, vocab, card))
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
           files.DirectoryError, marian.MarianError, ExportError) as error:
     sys.exit(f'export.py: {error}')

@@ -180,6 +180,25 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
 
 
+def test_an_average_cut_short_leaves_nothing_that_blocks_its_rerun(workdir, tmp_path):
+  """A new OUT appears whole or not at all: a process killed (SIGKILL) while writing one leaves
+  no OUT, and average_checkpoints.py then writes it as if it had never run."""
+  out = tmp_path / 'averaged'
+  killed = subprocess.run([sys.executable, '-c', (
+      'import os, signal\n'
+      'from transformer import files\n'
+      'def write(directory):\n'
+      '  os.makedirs(os.path.join(directory, "checkpoints", "100"))\n'
+      '  os.kill(os.getpid(), signal.SIGKILL)\n'
+      f'files.write_directory({str(out)!r}, write)\n')], cwd=ROOT, check=False)
+  assert killed.returncode == -signal.SIGKILL and not out.exists()
+  result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
+                      f'--output_dir={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert config_lib.load_workdir_config(str(out)).average_last == 1
+  assert sorted(os.listdir(out)) == ['checkpoints', 'config.json', 'vocab']
+
+
 def test_translate_command_reads_stdin(workdir, tmp_path):
   config = config_lib.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')

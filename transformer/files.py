@@ -7,27 +7,31 @@ import hashlib
 import io
 import os
 import shutil
+import tempfile
 import threading
 import uuid
 
 from etils import epath
 
 
-# What `stop_writing` waits for or removes: local temporary files being written, appends, and
-# output directories made for a block (`made_for_the_block`) while they are empty.
+# What `stop_writing` waits for or removes: local temporary files and directories being written,
+# appends, and output directories made for a block (`made_for_the_block`) while they are empty.
 _TEMPORARIES = set()
 _APPENDING = threading.Lock()
+_STAGING = set()
 _MADE_DIRECTORIES = set()
 
 
 def stop_writing():
   """Readies the process to end at once (os._exit), with nothing half-written: waits for an
   append under way (`append_line`) and blocks any other, removes the temporary files of writes
-  under way (`open_atomically`), whose paths keep their old contents, and the output directories
-  made for them that are still empty."""
+  under way (`open_atomically`, `write_directory`), whose paths keep their old contents, and the
+  output directories made for them that are still empty."""
   _APPENDING.acquire()
   for path in list(_TEMPORARIES):
     path.unlink(missing_ok=True)
+  for path in list(_STAGING):
+    shutil.rmtree(path, ignore_errors=True)
   for path in list(_MADE_DIRECTORIES):
     with contextlib.suppress(OSError):  # not empty
       os.rmdir(path)
@@ -90,6 +94,28 @@ def made_for_the_block(path: str, given_by: str):
     raise
   finally:
     _MADE_DIRECTORIES.discard(path)
+
+
+def write_directory(path: str, write):
+  """write(staging) on a new directory beside the local directory `path`, which is absent or
+  empty, then the staging directory moved into its place: `path` holds the whole of it or
+  nothing, whenever the process stops. Returns what `write` returns."""
+  absolute_path = os.path.abspath(path)
+  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(absolute_path)}.tmp-',
+                             dir=os.path.dirname(absolute_path))
+  _STAGING.add(staging)
+  try:
+    result = write(staging)
+    os.chmod(staging, 0o755)  # mkdtemp's is the owner's alone
+    if os.path.isdir(path):
+      os.rmdir(path)  # empty
+    os.replace(staging, path)
+    return result
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  finally:
+    _STAGING.discard(staging)
 
 
 def free_mib(directory: str) -> float | None:
