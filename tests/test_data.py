@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from conftest import error_line, run_script
 from configs import default, multi30k, tiny
 from transformer import config as config_lib
 from transformer import data
@@ -621,6 +622,17 @@ def test_bad_text_files(tmp_path, source, target, message):
   config = text_files_config(write_pair(tmp_path, 'train', source, target, compress=True))
   with pytest.raises(data.DataError, match=message):
     data.split_texts(config, 'train')
+
+
+def test_training_files_of_empty_lines_are_said_to_hold_no_sentence(tmp_path):
+  pattern = write_pair(tmp_path, 'train', b'\n\n\n', b'\n\n\n')
+  result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run',
+                      '--config.dataset=text', f'--config.train_files={pattern}',
+                      f'--config.tfds_data_dir={tmp_path}/tfds')
+  assert error_line(result) == (f'train.py: {pattern} (train) holds no sentence (3 pairs, every '
+                                'line empty or blank): give files with text')
+  # No vocab/ and no checkpoints/: the next run starts afresh.
+  assert sorted(os.listdir(tmp_path / 'run')) == ['config.json', 'run.lock']
 
 
 def test_missing_files_and_directories_and_unknown_datasets(tmp_path):

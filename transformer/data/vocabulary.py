@@ -179,6 +179,9 @@ def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> by
   indices = np.sort(np.random.default_rng(config.seed).choice(len(corpus), size, replace=False))
   source_texts, target_texts = corpus.texts(indices.tolist())
   sentences = [s for pair in zip(source_texts, target_texts) for s in pair if s.strip()]
+  if not sentences:
+    raise DataError(f'{corpus.name} holds no sentence ({len(corpus)} pairs, every line empty or '
+                    'blank): give files with text')
   logging.info('training a %d-piece %s vocabulary on %d sentences of %s', config.vocab_size,
                config.vocab_model_type, len(sentences), corpus.name)
   model = io.BytesIO()
