@@ -2,7 +2,8 @@ r"""Training curves of train.py runs, from their metrics.jsonl (transformer/plot
 
   python plot_curves.py --workdir=DIR [--workdir=DIR2 ...] [--output=curves.png]
 
-One PNG, written to --output, by default DIR/curves.png of the first workdir.
+One picture, written to --output in the format its extension names (.png, .pdf, .svg, ...), by
+default DIR/curves.png of the first workdir.
 """
 
 import os
@@ -14,7 +15,8 @@ from transformer import commands, files, plots
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'A train.py workdir (repeat to compare '
                                       'runs).')
-_OUTPUT = flags.DEFINE_string('output', None, 'PNG to write (default: <first workdir>/curves.png).')
+_OUTPUT = flags.DEFINE_string('output', None, 'Picture to write, .png, .pdf, .svg, ... (default: '
+                              '<first workdir>/curves.png).')
 flags.mark_flag_as_required('workdir')
 
 
@@ -24,6 +26,7 @@ def main(argv):
   workdirs = _WORKDIRS.value
   output = _OUTPUT.value or os.path.join(workdirs[0], 'curves.png')
   try:
+    plots.image_format(output)  # before any work
     runs = {name: plots.read_metrics(w) for name, w in zip(plots.run_names(workdirs), workdirs)}
     files.check_writable(output, f'--output={output}')
     for name, rows in runs.items():

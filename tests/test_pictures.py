@@ -32,6 +32,15 @@ def test_curves_draw_each_metric_against_step_and_hours(tiny_run, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'wrote {output}' in result.stdout
   assert_picture(output)
+  # The format the name says; one matplotlib cannot write is refused before any work.
+  for name, start in (('curves.pdf', b'%PDF'), ('curves.svg', b'<?xml')):
+    result = run_script('plot_curves.py', f'--workdir={tiny_run}', f'--output={tmp_path / name}')
+    assert result.returncode == 0 and (tmp_path / name).read_bytes().startswith(start), name
+  assert error_line(run_script('plot_curves.py', f'--workdir={tiny_run}',
+                               f'--output={tmp_path / "curves.xyz"}')).startswith(
+      f'plot_curves.py: {tmp_path / "curves.xyz"}: matplotlib writes no .xyz picture; end the '
+      'name in one of ')
+  assert not (tmp_path / 'curves.xyz').exists()
 
   rows = plots.read_metrics(tiny_run)
   figure = plots.curves({'tiny': rows})

@@ -141,10 +141,24 @@ def run_names(workdirs: list[str]) -> list[str]:
   return [n if names.count(n) == 1 else os.path.normpath(w) for n, w in zip(names, workdirs)]
 
 
+def image_format(path: str) -> str:
+  """The picture format `path`'s extension names (png, pdf, svg, ...; png without one).
+
+  Raises:
+    PlotError: matplotlib writes no such format.
+  """
+  extension = os.path.splitext(path)[1][1:].lower() or 'png'
+  supported = Figure().canvas.get_supported_filetypes()
+  if extension not in supported:
+    raise PlotError(f'{path}: matplotlib writes no .{extension} picture; end the name in one of '
+                    f'{", ".join("." + name for name in sorted(supported))}')
+  return extension
+
+
 def save(figure: Figure, path: str):
-  """Writes the figure as a PNG, atomically."""
+  """Writes the figure in the format of `path`'s extension (`image_format`), atomically."""
   buffer = io.BytesIO()
-  figure.savefig(buffer, format='png', dpi=80)
+  figure.savefig(buffer, format=image_format(path), dpi=80)
   write_atomically(path, buffer.getvalue())
 
 
