@@ -414,7 +414,7 @@ def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, 
   signalled = time.time()
   stderr = ''.join(seen) + process.communicate(timeout=300)[1]
   assert process.returncode == 0, stderr[-3000:]
-  assert time.time() - signalled < 10  # a checkpoint, not the evaluation, before the exit
+  assert time.time() - signalled < 60  # a hang guard; that the evaluation was cut is said below
   assert 'validation BLEU at step 30: translation stopped after' in stderr
   assert f'{signum.name}: saved a checkpoint at step 30; stopping' in stderr
   assert ('Ctrl-C: a checkpoint of this step, then the end; Ctrl-C again ends at once' in
