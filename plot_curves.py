@@ -26,9 +26,9 @@ def main(argv):
   workdirs = _WORKDIRS.value
   output = _OUTPUT.value or os.path.join(workdirs[0], 'curves.png')
   try:
-    plots.image_format(output)  # before any work
     runs = {name: plots.read_metrics(w) for name, w in zip(plots.run_names(workdirs), workdirs)}
     files.check_writable(output, f'--output={output}')
+    plots.image_format(output)  # before drawing
     for name, rows in runs.items():
       if not any('time' in row for row in rows):
         print(f'plot_curves.py: {name} logged no wall-clock times (a run from before they were '

@@ -32,7 +32,7 @@ def test_curves_draw_each_metric_against_step_and_hours(tiny_run, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'wrote {output}' in result.stdout
   assert_picture(output)
-  # The format the name says; one matplotlib cannot write is refused before any work.
+  # The format the name says; one matplotlib cannot write is refused before drawing.
   for name, start in (('curves.pdf', b'%PDF'), ('curves.svg', b'<?xml')):
     result = run_script('plot_curves.py', f'--workdir={tiny_run}', f'--output={tmp_path / name}')
     assert result.returncode == 0 and (tmp_path / name).read_bytes().startswith(start), name

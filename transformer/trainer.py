@@ -53,8 +53,9 @@ class TrainingError(RuntimeError):
   """Training cannot go on; the message says at which step and why."""
 
 
-def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
-  """Refuses to resume with different model or data keys, then records the resolved config.
+def check_and_write_config(config: ml_collections.ConfigDict, workdir: str, write: bool = True):
+  """Refuses to resume with different model or data keys, then records the resolved config
+  (unless not `write`).
 
   A config.json alone binds nothing: a start that failed before its vocabulary (a mistyped
   dataset or path) is replaced by the next.
@@ -84,7 +85,7 @@ def check_and_write_config(config: ml_collections.ConfigDict, workdir: str):
         logging.warning('config.%s=%r differs from %r in %s: the resumed run sees other batches '
                         'than an uninterrupted one would', key, current[key], stored.get(key),
                         path)
-  if jax.process_index() == 0:
+  if write and jax.process_index() == 0:
     write_atomically(path, json.dumps(current, indent=2, sort_keys=True) + '\n')
 
 
@@ -494,25 +495,25 @@ def _sole_run(workdir: str):
     yield
 
 
-def _nothing_to_train(config: ml_collections.ConfigDict, workdir: str) -> bool:
-  """Whether the workdir's newest checkpoint is at or past config.num_train_steps; then it says
-  so, and the run changes nothing: its config.json still gives the steps eval.py averages."""
-  latest = None
-  if epath.Path(workdir, CHECKPOINTS_DIR).is_dir():
-    latest = Checkpoints(workdir, read_only=True).latest_step()
-  if latest is None or latest < config.num_train_steps:
-    return False
-  logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train, and '
-                  'nothing in %s changed (raise num_train_steps to train on; eval.py scores the '
-                  'run)', latest, config.num_train_steps, workdir)
-  return True
+def _latest_step(workdir: str) -> int | None:
+  """The step of the workdir's newest checkpoint, or None."""
+  if not epath.Path(workdir, CHECKPOINTS_DIR).is_dir():
+    return None
+  return Checkpoints(workdir, read_only=True).latest_step()
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.StepFunctions):
   """`train`'s work, once the workdir is this run's."""
-  if _nothing_to_train(config, workdir):
+  latest = _latest_step(workdir)
+  # Nothing to train: the run changes nothing, and its config.json still gives the steps eval.py
+  # averages.
+  finished = latest is not None and latest >= config.num_train_steps
+  check_and_write_config(config, workdir, write=not finished)
+  if finished:
+    logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train, and '
+                    'nothing in %s changed (raise num_train_steps to train on; eval.py scores the '
+                    'run)', latest, config.num_train_steps, workdir)
     return
-  check_and_write_config(config, workdir)
   preemption = _Preemption()  # before the data's preparation, which a signal may end too
   preemption.nothing_to_save = ('stopped before training: nothing new to save, and the files '
                                 'prepared so far are whole')
