@@ -499,7 +499,11 @@ def _latest_step(workdir: str) -> int | None:
   """The step of the workdir's newest checkpoint, or None."""
   if not epath.Path(workdir, CHECKPOINTS_DIR).is_dir():
     return None
-  return Checkpoints(workdir, read_only=True).latest_step()
+  checkpoints = Checkpoints(workdir, read_only=True)
+  try:
+    return checkpoints.latest_step()
+  finally:
+    checkpoints.close()
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, steps: train_step.StepFunctions):
