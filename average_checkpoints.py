@@ -37,6 +37,7 @@ def main(argv):
   output_dir = _OUTPUT_DIR.value
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
+    commands.start_backend()
     vocab = data.load_vocabulary(config, _WORKDIR.value)
     last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value
     averaged_config = json.loads(config.to_json())

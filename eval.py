@@ -54,11 +54,8 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
                       'the target language: add "language: [SOURCE, TARGET]" (e.g. [en, de]) '
                       'between "---" lines at its top')
   if _SOURCE_FILE.value is None:
-    try:
+    with config_lib.fixes_in_run_config(_WORKDIR.value):
       sources, references = data.split_texts(config, _SPLIT.value)
-    except data.DataError as error:  # about the run's config.json, which --config does not set
-      raise data.DataError(config_lib.as_stored_fix(
-          str(error), os.path.join(_WORKDIR.value, 'config.json'))) from None
     return sources, references, f'{config.dataset} {_SPLIT.value}'
   sources = data.read_lines(_SOURCE_FILE.value)
   references = data.read_lines(_REFERENCE_FILE.value)
@@ -106,7 +103,7 @@ def main(argv):
   try:
     # The texts and the outputs first: bad ones fail before the model is loaded.
     stored_config = config_lib.load_workdir_config(_WORKDIR.value, default.get_config)
-    commands.set_up_jax(stored_config)
+    commands.set_up_jax(stored_config, _WORKDIR.value)
     sources, references, name = evaluation_texts(stored_config)
     with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):
       for path in outputs:

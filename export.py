@@ -151,7 +151,7 @@ def main(argv):
     config = config_lib.load_workdir_config(_WORKDIR.value)
     marian.check_exportable(dict(config.model))
     check_output_dir(_OUTPUT_DIR.value)
-    commands.set_up_jax(config)
+    commands.set_up_jax(config, _WORKDIR.value)
     with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):  # gone if left empty
       files.check_writable(os.path.join(_OUTPUT_DIR.value, 'config.json'), '--output_dir')
       vocab = data.load_vocabulary(config, _WORKDIR.value)

@@ -33,7 +33,7 @@ def main(argv):
   output_dir = _OUTPUT_DIR.value or os.path.join(_WORKDIR.value, 'attention')
   try:
     # A wrong --workdir fails before output_dir.
-    commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value))
+    commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value), _WORKDIR.value)
     with files.made_for_the_block(output_dir, '--output_dir'):
       paths = [os.path.join(output_dir, f'{name}.png') for name in plots.KINDS]
       for path in paths:

@@ -66,6 +66,7 @@ def initialize_distributed():
       jax.distributed.initialize()
     except (ValueError, RuntimeError) as error:  # no cluster around: one process
       logging.info('single process (%s)', error)
+  commands.start_backend()
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)
 
@@ -77,7 +78,7 @@ def main(argv):
   # (the steps' dispatch too), then skip them.
   gc.freeze()
   try:
-    commands.set_up_jax(config_lib.validate(_CONFIG.value))  # before JAX starts its backend
+    commands.set_up_jax(config_lib.validate(_CONFIG.value), start=False)
     initialize_distributed()
     if jax.default_backend() == 'gpu':
       # The threads beside the loop (checkpoint saves, the evaluation programs' compilation) hand

@@ -33,10 +33,12 @@ def main(argv):
   try:
     # A wrong --workdir or --output fails before stdin is read.
     config = config_lib.load_workdir_config(_WORKDIR.value, default.get_config)
-    commands.set_up_jax(config)
+    commands.set_up_jax(config, _WORKDIR.value)
     if _OUTPUT.value:
       files.check_writable(_OUTPUT.value, f'--output={_OUTPUT.value}')
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
+    if not _INPUT.value and sys.stdin is None:
+      raise data.DataError('stdin is closed: pipe the sentences in, or give --input=FILE')
     sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
                  data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
     translator, params, _, steps = translate.load(_WORKDIR.value, **_DECODING.values(),

@@ -60,10 +60,11 @@ def float32_matmuls():
     yield
 
 
-def run_script(*args, stdin: str | bytes | None = None,
-               timeout: float = 600) -> subprocess.CompletedProcess:
-  """`python ARGS` in the repository root, on two simulated devices; its output as text."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+def run_script(*args, stdin: str | bytes | None = None, timeout: float = 600,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`python ARGS` in the repository root, on two simulated devices, with the variables of `env`
+  set; its output as text."""
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', **(env or {}))
   result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           input=stdin.encode() if isinstance(stdin, str) else stdin,
                           timeout=timeout)

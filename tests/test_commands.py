@@ -113,6 +113,31 @@ def test_config_flag_mistakes_are_one_line(monkeypatch, args, message):
   assert str(error.value) == message
 
 
+@pytest.mark.parametrize('text,message', [
+    ('def get_config(:\n  pass\n', 'line 1: invalid syntax; a config file is Python with '),
+    ('import no_such_module\n', "No module named 'no_such_module'; install it, or drop the "
+                                 'import'),
+    ('x = 1\n', 'the file has no get_config(); give it '),
+    ('def get_config():\n  return 3\n', 'get_config() returned 3, not a ConfigDict; give the '
+                                        'file '),
+    ('x = 1 / 0\n', 'line 1: ZeroDivisionError: division by zero'),
+    ('def get_config():\n  raise RuntimeError("no data")\n', 'line 2: RuntimeError: no data'),
+])
+def test_a_config_file_that_is_no_config_is_named_with_its_line(tmp_path, text, message):
+  path = tmp_path / 'config.py'
+  path.write_text(text, encoding='utf-8')
+  with pytest.raises(config_lib.ConfigError) as error:
+    parse_config_flag(f'--config={path}')
+  assert str(error.value).startswith(f'--config={path}: {message}')
+  if 'a config file' in message or 'give' in message:
+    assert str(error.value).endswith('def get_config() returning an ml_collections.ConfigDict, as '
+                                     'configs/tiny.py does')
+  result = run_script('train.py', f'--config={path}', f'--workdir={tmp_path}/run')
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == f'train.py: {error.value}'
+  assert os.listdir(tmp_path) == ['config.py']
+
+
 def test_config_flag_argument_and_overrides_parse(monkeypatch):
   monkeypatch.chdir(ROOT)
   config = parse_config_flag('--config=configs/multi30k.py:en-fr', '--config.model.d_ff=768')

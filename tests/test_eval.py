@@ -379,8 +379,21 @@ def test_a_runs_config_that_this_version_refuses_is_named_with_a_fix_in_it(workd
   (run / 'config.json').write_text(json.dumps(dict(config, dataset='text', test_files='',
                                                    train_files='data/{lang}')))
   assert error_line(run_script('eval.py', f'--workdir={run}', f'--output_dir={tmp_path}/eval')) == (
-      'eval.py: config.test_files is empty: name the test files of dataset=text, set '
-      f'"test_files" to data/test.{{lang}}.gz in {run}/config.json ({{lang}} = a language code)')
+      'eval.py: config.test_files is empty: name the test files of dataset=text ({lang} is '
+      f'replaced by a language code); set "test_files" to e.g. data/test.{{lang}}.gz in '
+      f'{run}/config.json')
+  # A key the fix cannot give a value for: the message names the run's config.json.
+  (run / 'config.json').write_text(json.dumps(dict(config, dataset='multi30k',
+                                                   manual_dir=f'{tmp_path}/moved')))
+  assert error_line(run_script('eval.py', f'--workdir={run}', f'--output_dir={tmp_path}/eval')) == (
+      f"eval.py: {run}/config.json: config.manual_dir='{tmp_path}/moved': no such directory; "
+      'give the directory holding train/val/test_2016_flickr.{en,de,fr}.gz, or leave it empty to '
+      'download them')
+  (run / 'config.json').write_text(json.dumps(dict(config, xla_flags='--xla_no_such_flag=1')))
+  for script, *args in (('eval.py', f'--output_dir={tmp_path}/eval'), ('translate.py',)):
+    assert error_line(run_script(script, f'--workdir={run}', *args, stdin='a\n')).startswith(
+        f"{script}: {run}/config.json: config.xla_flags='--xla_no_such_flag=1': XLA rejects it")
+  assert not os.path.exists(tmp_path / 'eval')
 
 
 def test_a_line_of_thousands_of_words_is_cut_to_what_the_model_takes_and_named(workdir):
@@ -435,6 +448,66 @@ def test_a_byte_order_mark_changes_nothing_and_a_cut_gzip_file_gets_one_line(wor
   assert error_line(run_script('translate.py', f'--workdir={workdir}', f'--input={cut}')) == (
       f'translate.py: {cut}: not a whole gzip file (Compressed file ended before the '
       'end-of-stream marker was reached); download or copy it again')
+
+
+def test_gzipped_stdin_translates_as_the_text_and_closed_stdin_gets_one_line(workdir):
+  text = 'a b\nc d e\n'
+  plain = run_script('translate.py', f'--workdir={workdir}', stdin=text)
+  gzipped = run_script('translate.py', f'--workdir={workdir}', stdin=gzip.compress(text.encode()))
+  assert plain.returncode == gzipped.returncode == 0, gzipped.stderr[-3000:]
+  assert gzipped.stdout == plain.stdout and len(plain.stdout.splitlines()) == 2
+  closed = subprocess.run(['sh', '-c', 'exec "$0" "$@" <&-', sys.executable, 'translate.py',
+                           f'--workdir={workdir}'], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+  assert error_line(closed) == (
+      'translate.py: stdin is closed: pipe the sentences in, or give --input=FILE')
+
+
+@pytest.mark.parametrize('script,args', [
+    ('eval.py', ('--output_dir={tmp}/out',)),
+    ('translate.py', ()),
+    ('export.py', ('--output_dir={tmp}/out',)),
+    ('average_checkpoints.py', ('--output_dir={tmp}/out',)),
+    ('plot_attention.py', ('--sentence=a', '--output_dir={tmp}/out')),
+    ('plot_curves.py', ('--output={tmp}/out.png',)),
+    ('train.py', ('--config=configs/tiny.py',)),
+])
+def test_a_workdir_that_is_a_symlink_loop_gets_one_line(script, args, tmp_path):
+  loop = tmp_path / 'loop'
+  os.symlink(loop, loop)
+  message = error_line(run_script(script, f'--workdir={loop}',
+                                  *(arg.format(tmp=tmp_path) for arg in args), stdin='a\n'))
+  name = 'metrics.jsonl' if script == 'plot_curves.py' else 'config.json'
+  assert message == {
+      'train.py': f'train.py: --workdir: {loop} cannot be made a directory (a symbolic link to '
+                  f'{loop}, which leads to no directory); give a directory path',
+      'plot_curves.py': f'plot_curves.py: {loop}/{name} cannot be read (Too many levels of '
+                        'symbolic links): --workdir takes a train.py workdir, readable by this '
+                        'user',
+  }.get(script, f'{script}: {loop}/{name} cannot be read (Too many levels of symbolic links): '
+                '--workdir must be a directory train.py wrote, readable by this user')
+  assert os.listdir(tmp_path) == ['loop']
+
+
+@pytest.mark.parametrize('platform,why', [
+    ('tpu', "Unable to initialize backend 'tpu': "),
+    ('cuda', 'no installed plugin provides it'),
+])
+def test_a_platform_jax_cannot_start_here_gets_one_line(workdir, tmp_path, platform, why):
+  if jax.default_backend() != 'cpu':
+    pytest.skip('needs a machine without the accelerator that JAX_PLATFORMS names')
+  env = {'JAX_PLATFORMS': platform}
+  for script, *args in (('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run'),
+                        ('eval.py', f'--workdir={workdir}', f'--output_dir={tmp_path}/eval'),
+                        ('translate.py', f'--workdir={workdir}'),
+                        ('average_checkpoints.py', f'--workdir={workdir}',
+                         f'--output_dir={tmp_path}/average')):
+    message = error_line(run_script(script, *args, stdin='a\n', env=env))
+    assert message.startswith(f'{script}: JAX cannot start its backend for JAX_PLATFORMS='
+                              f'{platform} ({why}'), message
+    assert message.endswith('unset JAX_PLATFORMS to use the devices this machine has, or install '
+                            "jax for the device (pip install -e '.[cuda12]' or '.[tpu]')")
+  assert os.listdir(tmp_path) == []
 
 
 def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path):

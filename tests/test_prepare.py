@@ -164,8 +164,8 @@ def test_a_failed_download_names_the_files_to_fetch_by_hand(tmp_path, monkeypatc
   message = str(error.value)
   assert message.startswith('wmt14_translate/de-en/1.0.0: a download failed (ConnectionError: '
                             'no route to http')
-  assert 'fetch its files by hand into one directory and pass it as --config.manual_dir=DIR' in (
-      message)
+  assert 'fetch its files by hand into one directory DIR, keeping their names' in message
+  assert message.endswith('; pass --config.manual_dir=DIR')
   for url in ('http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz (77 MiB)',
               'http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz (876 MiB)',
               'http://data.statmt.org/wmt19/translation-task/dev.tgz (37 MiB)'):
@@ -199,7 +199,7 @@ def test_a_failed_multi30k_download_names_the_files_to_fetch_by_hand(tmp_path, m
       '; fetch train.en.gz, train.de.gz, train.fr.gz, val.en.gz, val.de.gz, val.fr.gz, '
       'test_2016_flickr.en.gz, test_2016_flickr.de.gz, test_2016_flickr.fr.gz by hand from '
       'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/ into one '
-      'directory and pass it as --config.manual_dir=DIR')
+      'directory DIR; pass --config.manual_dir=DIR')
 
 
 def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):

@@ -4,12 +4,14 @@ its compilation cache), and end a Ctrl-C or a SIGTERM in one line. The library i
 of these.
 """
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import traceback
 
 import jax
 import ml_collections
@@ -17,6 +19,7 @@ from absl import app, flags, logging
 from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 
 from transformer import files
+from transformer import config as config_lib
 from transformer.config import ConfigError
 
 
@@ -54,7 +57,8 @@ def _check_xla_flags(config: ml_collections.ConfigDict, flags_to_add: list[str])
     return
   raise ConfigError(
       f'config.xla_flags={config.xla_flags!r}: XLA rejects it ({reasons[0]}); see '
-      '`XLA_FLAGS=--help python -c "import jax; jax.devices()"` for the flags this jaxlib knows')
+      '`XLA_FLAGS=--help python -c "import jax; jax.devices()"` for the flags this jaxlib knows',
+      'xla_flags')
 
 
 def use_xla_flags(config: ml_collections.ConfigDict):
@@ -81,15 +85,23 @@ def use_xla_flags(config: ml_collections.ConfigDict):
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
                 name: str = 'config') -> list[str]:
   """absl's parsing of `argv` into `flag_values`, whose `--{name}` is an ml_collections config
-  file flag. ml_collections reports a missing file, an argument its get_config rejects, or an
-  unknown --{name}.key as a traceback; each raises one ConfigError naming the flag instead."""
+  file flag. ml_collections reports a missing file, a file that is no config (a syntax error, a
+  failed import, no get_config, which returns no ConfigDict), an argument its get_config rejects,
+  or an unknown --{name}.key as a traceback; each raises one ConfigError naming the flag
+  instead."""
   overrides = [arg for arg in argv[1:] if arg.startswith(f'--{name}.')]
   value = next((arg for arg in argv[1:] if arg.startswith(f'--{name}=')), f'--{name}')
+  example = 'def get_config() returning an ml_collections.ConfigDict, as configs/tiny.py does'
   try:
     remaining = flag_values(argv)
-    getattr(flag_values[name].value, 'get', None)  # ml_collections defers a failed load to here
+    config = flag_values[name].value  # ml_collections defers a failed load to here
   except OSError as error:  # the file is missing: the message ends with the path tried
     raise ConfigError(f'{value}: {str(error).strip().splitlines()[-1].strip()}') from None
+  except SyntaxError as error:
+    raise ConfigError(f'{value}: line {error.lineno}: {error.msg}; a config file is Python with '
+                      f'{example}') from None
+  except ImportError as error:  # what the file imports
+    raise ConfigError(f'{value}: {error}; install it, or drop the import') from None
   except flags.Error as error:
     if 'Error whilst parsing config file' not in str(error):
       raise
@@ -98,6 +110,8 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
     raise ConfigError(problem if value.split('=', 1)[-1] in problem else
                       f'{value}: {problem}') from None
   except (KeyError, AttributeError) as error:
+    if "no attribute 'get_config'" in str(error):
+      raise ConfigError(f'{value}: the file has no get_config(); give it {example}') from None
     while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError)
       error = error.args[0]
     key, _, did_you_mean = str(error.args[0] if error.args else error).partition('\n')
@@ -106,6 +120,15 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
                      if key in arg.split('=', 1)[0].split('.')), ' '.join(overrides))
     problem = f'no key {key!r} in the config' if key.isidentifier() else key
     raise ConfigError(f'{override}: {problem}. {did_you_mean}'.strip()) from None
+  except Exception as error:  # the file's own code raised, at import or in get_config
+    path = os.path.abspath(value.split('=', 1)[-1].split(':', 1)[0])
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+             if os.path.abspath(frame.filename) == path]
+    where = f'line {lines[-1]}: ' if lines else ''
+    raise ConfigError(f'{value}: {where}{type(error).__name__}: {error}') from None
+  if config is not None and not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f'{value}: get_config() returned {config!r:.40}, not a ConfigDict; give the '
+                      f'file {example}')
   return remaining
 
 
@@ -160,13 +183,36 @@ def run(main, command: str, config_flag: bool = False, sigterm_ends: bool = True
   app.run(interruptible, **({'flags_parser': flags_parser(command)} if config_flag else {}))
 
 
-def set_up_jax(config: ml_collections.ConfigDict):
-  """Applies config.xla_flags and config.compilation_cache_dir: call it before anything runs on a
-  device.
+def start_backend():
+  """Starts JAX's backend now, so that a platform it cannot start here (JAX_PLATFORMS=tpu on a
+  machine without one, cuda without JAX's CUDA plugin) ends the command in one line.
 
   Raises:
-    ConfigError: XLA rejects one of the flags.
+    ConfigError: it cannot start; the message names JAX_PLATFORMS and the fix.
+  """
+  try:
+    jax.devices()
+  except (RuntimeError, AssertionError) as error:  # AssertionError: a platform no plugin provides
+    why = (str(error).split(' (set JAX_PLATFORMS')[0].rstrip('.') or
+           'no installed plugin provides it')
+    platforms = jax.config.jax_platforms
+    raise ConfigError(
+        f'JAX cannot start its backend{f" for JAX_PLATFORMS={platforms}" if platforms else ""} '
+        f'({why}): unset JAX_PLATFORMS to use the devices this machine has, or install jax for '
+        "the device (pip install -e '.[cuda12]' or '.[tpu]')") from None
+
+
+def set_up_jax(config: ml_collections.ConfigDict, workdir: str = '', start: bool = True):
+  """Applies config.xla_flags and config.compilation_cache_dir, then starts JAX's backend
+  (`start_backend`) unless `start` is False (train.py joins the other hosts first).
+  `config` is the config.json of the run in `workdir`, if given, and errors say so.
+
+  Raises:
+    ConfigError: XLA rejects one of the flags, or JAX cannot start.
     files.DirectoryError: the cache cannot be a directory.
   """
-  use_xla_flags(config)
+  with config_lib.fixes_in_run_config(workdir) if workdir else contextlib.nullcontext():
+    use_xla_flags(config)
   use_compilation_cache(config)
+  if start:
+    start_backend()

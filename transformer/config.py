@@ -5,9 +5,11 @@
 reads the config.json of a run, written by any earlier version.
 """
 
+import contextlib
 import dataclasses
 import json
 import numbers
+import os
 import re
 
 import jax.numpy as jnp
@@ -27,12 +29,44 @@ BYTE_AND_SPECIAL_PIECES = 256 + 3  # every vocabulary holds these besides what i
 RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode', 'attention_projection'}
 
 
-class ConfigError(ValueError):
+class SettingError(ValueError):
+  """Input that cannot work, where the fix may be one config key's value.
+
+  The message is written for a config given on the command line: with `key` and `value`, it ends
+  `pass --config.KEY=VALUE`. `for_run(path)` says the same for the config.json of a run at `path`,
+  which eval.py and translate.py read and no flag sets.
+  """
+
+  def __init__(self, problem: str, key: str = '', value: str = '', example: bool = False):
+    self.problem, self.key, self.value = problem, key, value
+    self.example = 'e.g. ' if example else ''
+    super().__init__(f'{problem}; pass {self.example}--config.{key}={value}' if value else problem)
+
+  def for_run(self, path) -> str:
+    """The message with its fix as an edit of the run's config.json at `path`, which it names
+    where a key is at fault."""
+    if self.value:
+      return f'{self.problem}; set "{self.key}" to {self.example}{self.value} in {path}'
+    return f'{path}: {self}' if self.key and str(path) not in str(self) else str(self)
+
+
+@contextlib.contextmanager
+def fixes_in_run_config(workdir: str):
+  """Raises a SettingError of the block again with its fix as an edit of the config.json of the
+  run in `workdir` (`SettingError.for_run`): for the commands that read a run's config, which no
+  --config flag sets."""
+  try:
+    yield
+  except SettingError as error:
+    raise type(error)(error.for_run(os.path.join(workdir, 'config.json'))) from None
+
+
+class ConfigError(SettingError):
   """A config value that cannot work; the message names the key and the fix."""
 
 
-def _fail(key: str, value, problem: str):
-  raise ConfigError(f'config.{key}={value!r}: {problem}')
+def _fail(key: str, value, problem: str, fix: str = '', example: bool = False):
+  raise ConfigError(f'config.{key}={value!r}: {problem}', key, fix, example)
 
 
 def _get(config: ml_collections.ConfigDict, key: str):
@@ -40,7 +74,7 @@ def _get(config: ml_collections.ConfigDict, key: str):
   for part in key.split('.'):
     if part not in node:
       raise ConfigError(f'config.{key} is missing: add it to the config file '
-                        '(configs/default.py lists every key)')
+                        '(configs/default.py lists every key)', key)
     node = node[part]
   return node
 
@@ -48,7 +82,7 @@ def _get(config: ml_collections.ConfigDict, key: str):
 def _check_int(config, key: str, minimum: int):
   value = _get(config, key)
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    _fail(key, value, f'must be an integer >= {minimum}; pass --config.{key}=N')
+    _fail(key, value, f'must be an integer >= {minimum}', 'N')
   return value
 
 
@@ -147,8 +181,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       _fail(key, value, "must contain '{lang}', replaced by source_lang and target_lang, e.g. "
             "'data/train.{lang}.gz'")
   if dataset == 'text' and not config.train_files:
-    _fail('train_files', '', "dataset='text' reads its training pairs from these files; pass e.g. "
-          "--config.train_files='data/train.{lang}.gz'")
+    _fail('train_files', '', "dataset='text' reads its training pairs from these files",
+          "'data/train.{lang}.gz'", example=True)
 
   # Optimisation.
   _check_choice(config, 'schedule', SCHEDULES)
@@ -296,18 +330,13 @@ def read_stored(path: epath.Path) -> dict:
                       f'{fix}') from None
   except json.JSONDecodeError as error:
     raise ConfigError(f'{path} is not valid JSON ({error}); {fix}') from None
+  except OSError as error:  # a symlink loop, no permission, an I/O error
+    raise ConfigError(f'{path} cannot be read ({error.strerror or error}): --workdir must be a '
+                      'directory train.py wrote, readable by this user') from None
   if not isinstance(stored, dict):
     raise ConfigError(f'{path} holds a JSON {type(stored).__name__}, not an object of config '
                       f'keys; {fix}')
   return with_added_keys(stored)
-
-
-def as_stored_fix(message: str, path: str) -> str:
-  """`message` with its fix said as an edit of the run's config.json at `path` where it says
-  `--config.KEY=VALUE`: for the commands that read a run's config (eval.py, translate.py), which
-  take no --config."""
-  return re.sub(r'(?:pass (?:it as |e\.g\. )?|use |e\.g\. )?--config\.([\w.]+)=(\S+)',
-                lambda match: f'set "{match[1]}" to {match[2]} in {path}', message)
 
 
 def load_workdir_config(workdir: str, defaults=None) -> ml_collections.ConfigDict:
@@ -329,7 +358,7 @@ def load_workdir_config(workdir: str, defaults=None) -> ml_collections.ConfigDic
   try:
     return validate(ml_collections.ConfigDict(read_stored(path)))
   except ConfigError as error:
-    message = as_stored_fix(str(error), path)
+    message = error.for_run(path)
     raise ConfigError(message if str(path) in message else f'{path}: {message}') from None
 
 

@@ -68,8 +68,12 @@ def make_directory(path: str, given_by: str):
   try:
     epath.Path(path).mkdir(parents=True, exist_ok=True)
   except OSError as error:
-    why = ('a file of that name exists' if isinstance(error, FileExistsError) else
-           error.strerror or str(error))
+    if os.path.islink(path) and not os.path.exists(path):
+      why = f'a symbolic link to {os.readlink(path)}, which leads to no directory'
+    elif isinstance(error, FileExistsError):
+      why = 'a file of that name exists'
+    else:
+      why = error.strerror or str(error)
     raise DirectoryError(f'{given_by}: {path} cannot be made a directory ({why}); give a '
                          'directory path') from None
 

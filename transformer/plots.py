@@ -51,8 +51,11 @@ def read_metrics(workdir: str) -> list[dict]:
   path = os.path.join(workdir, 'metrics.jsonl')
   try:
     lines = epath.Path(path).read_bytes().splitlines(keepends=True)
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     raise PlotError(f'{path} not found: --workdir takes a train.py workdir') from None
+  except OSError as error:  # a symlink loop, no permission, a directory, an I/O error
+    raise PlotError(f'{path} cannot be read ({error.strerror or error}): --workdir takes a '
+                    'train.py workdir, readable by this user') from None
   if lines and not lines[-1].endswith(b'\n'):
     lines.pop()
   if not lines:

@@ -6,9 +6,11 @@ import urllib.error
 import requests
 import tensorflow_datasets as tfds
 
+from transformer.config import SettingError
+
 # What TFDS's download manager raises when a file cannot be fetched.
 DOWNLOAD_ERRORS = (tfds.download.DownloadError, requests.RequestException, urllib.error.URLError)
 
 
-class DataError(ValueError):
+class DataError(SettingError):
   """Input that cannot be used; the message names the file (and line) or key, and the fix."""

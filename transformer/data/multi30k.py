@@ -32,13 +32,13 @@ def source_files(local_dir: str, download_dir: str) -> dict[str, str]:
     except DOWNLOAD_ERRORS as error:
       raise DataError(f'multi30k: a download failed ({type(error).__name__}: {error}); fetch '
                       f'{", ".join(FILE_NAMES)} by hand from {URL.format(name="")} into one '
-                      'directory and pass it as --config.manual_dir=DIR') from None
+                      'directory DIR', 'manual_dir', 'DIR') from None
     return {name: os.fspath(path) for name, path in downloaded.items()}
   paths = {name: os.path.join(local_dir, name) for name in FILE_NAMES}
   for path in paths.values():
     if not epath.Path(path).is_file():
       raise DataError(f'{path}: no such file; config.manual_dir must hold all of '
-                      f'{", ".join(FILE_NAMES)}')
+                      f'{", ".join(FILE_NAMES)}', 'manual_dir')
   return paths
 
 

@@ -94,13 +94,14 @@ def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
   key = f'{split}_files'
   pattern = config[key]
   if not pattern:
-    raise DataError(f'config.{key} is empty: name the {split} files of dataset=text, e.g. '
-                    f"--config.{key}=data/{split}.{{lang}}.gz ({{lang}} = a language code)")
+    raise DataError(f'config.{key} is empty: name the {split} files of dataset=text ({{lang}} '
+                    'is replaced by a language code)', key, f'data/{split}.{{lang}}.gz',
+                    example=True)
   paths = [pattern.replace('{lang}', lang) for lang in (config.source_lang, config.target_lang)]
   for path in paths:
     if not epath.Path(path).is_file():
       raise DataError(f'{path}: no such file; check config.{key} (one sentence per line, '
-                      'optional .gz)')
+                      'optional .gz)', key)
   # Hashing the bytes is a fraction of reading them as text.
   return Corpus(f'{pattern} ({split})', digest('text', *map(files.sha256, paths)),
                 lambda: _lists(*text_files.read_parallel(*paths)))
@@ -110,7 +111,7 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
   if config.manual_dir and not epath.Path(config.manual_dir).is_dir():
     raise DataError(f'config.manual_dir={config.manual_dir!r}: no such directory; give the '
                     'directory holding train/val/test_2016_flickr.{en,de,fr}.gz, or leave it '
-                    'empty to download them')
+                    'empty to download them', 'manual_dir')
   tfds.disable_progress_bar()
   root = prepared_dir(config)
   paths = multi30k.source_files(config.manual_dir, os.path.join(root, 'downloads'))
@@ -131,11 +132,12 @@ def _download_failed(builder, error: Exception, manual_dir: str) -> DataError:
   """What to fetch by hand, and where to put it, when TFDS cannot download a dataset's files."""
   files = ', '.join(f'{url} ({info.size / 2**20:,.0f} MiB)'
                     for url, info in sorted((builder.url_infos or {}).items()))
-  where = f'into config.manual_dir={manual_dir}' if manual_dir else (
-      'into one directory and pass it as --config.manual_dir=DIR')
+  where = f'config.manual_dir={manual_dir}' if manual_dir else 'one directory DIR'
   return DataError(f'{builder.info.full_name}: a download failed ({type(error).__name__}: '
-                   f'{error}); fetch its files by hand {where}, keeping their names (TFDS then '
-                   f'reads them from there): {files or "see the dataset page on tensorflow.org"}')
+                   f'{error}); fetch its files by hand into {where}, keeping their names (TFDS '
+                   f'then reads them from there): '
+                   f'{files or "see the dataset page on tensorflow.org"}',
+                   *(() if manual_dir else ('manual_dir', 'DIR')))
 
 
 def _tfds_builder(config: ml_collections.ConfigDict):

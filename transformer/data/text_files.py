@@ -26,22 +26,24 @@ def read_lines(path: str) -> list[str]:
     raw = epath.Path(path).read_bytes()
   except OSError as error:
     raise DataError(f'{path}: cannot be read ({error.strerror or error})') from None
-  if raw[:2] == _GZIP_MAGIC:  # by content: downloaded copies lose the .gz suffix
-    try:
-      raw = gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as error:  # cut short; corrupt
-      raise DataError(f'{path}: not a whole gzip file ({error or "it ends early"}); download or '
-                      'copy it again') from None
   return decode_lines(raw, path)
 
 
 def decode_lines(raw: bytes, name: str) -> list[str]:
-  """The lines of UTF-8 `raw` text read from `name` (a file, or '<stdin>'), a byte-order mark
-  at its start dropped (editors on Windows write one; it would join the first word).
+  """The lines of UTF-8 `raw` text read from `name` (a file, or '<stdin>'), gzipped or not, a
+  byte-order mark at its start dropped (editors on Windows write one; it would join the first
+  word).
 
   Raises:
-    DataError: a line is not UTF-8; the message names `name`, the line and the fix.
+    DataError: gzipped text is cut short or corrupt, or a line is not UTF-8; the message names
+      `name`, the line and the fix.
   """
+  if raw[:2] == _GZIP_MAGIC:  # by content: downloaded copies lose the .gz suffix
+    try:
+      raw = gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as error:  # cut short; corrupt
+      raise DataError(f'{name}: not a whole gzip file ({error or "it ends early"}); download or '
+                      'copy it again') from None
   lines = raw.removeprefix(codecs.BOM_UTF8).split(b'\n')
   if lines and not lines[-1]:
     lines.pop()  # the final newline ends the last line
