@@ -15,6 +15,7 @@ import os
 import sys
 
 from absl import app, flags
+from etils import epath
 
 from transformer import checkpoints, commands, data, files
 from transformer import config as config_lib
@@ -54,6 +55,9 @@ def main(argv):
 
     with files.made_for_the_block(output_dir, '--output_dir'):
       files.check_writable(os.path.join(output_dir, 'config.json'), '--output_dir')
+      if epath.Path(output_dir, 'config.json').exists():
+        raise files.DirectoryError(f'--output_dir: {output_dir} holds a config.json already (a '
+                                   "run's workdir?); choose a new directory")
       if files.is_remote(output_dir) or os.listdir(output_dir):
         steps = write(output_dir)  # beside what is there; a bucket renames no directory
       else:  # whole or not at all: an average cut short leaves nothing to block its rerun

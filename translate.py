@@ -39,6 +39,8 @@ def main(argv):
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
     if not _INPUT.value and sys.stdin is None:
       raise data.DataError('stdin is closed: pipe the sentences in, or give --input=FILE')
+    if not _OUTPUT.value and sys.stdout is None:
+      raise data.DataError('stdout is closed: give --output=FILE, or leave stdout open')
     sentences = (data.read_lines(_INPUT.value) if _INPUT.value else
                  data.decode_lines(sys.stdin.buffer.read(), '<stdin>'))
     translator, params, _, steps = translate.load(_WORKDIR.value, **_DECODING.values(),

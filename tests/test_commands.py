@@ -163,6 +163,23 @@ def test_xla_flags_that_xla_rejects_fail_as_one_config_error(xla_flags, reason, 
   assert os.environ['XLA_FLAGS'] == '--xla_force_host_platform_device_count=4'
 
 
+@pytest.mark.parametrize('environment,reason', [
+    ('--xla_force_host_platform_device_count=2 --xla_cpu_enable_fast_math=maybe',
+     "Couldn't interpret value maybe for flag xla_cpu_enable_fast_math"),
+    ('--xla_no_such_flag=1', 'Unknown flag in XLA_FLAGS: --xla_no_such_flag=1'),
+])
+def test_an_environments_xla_flags_that_xla_rejects_get_one_line(environment, reason, tmp_path):
+  # Else XLA ends the process as JAX starts, a bad value after printing all of its ~90 flags.
+  result = subprocess.run(
+      [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, XLA_FLAGS=environment))
+  assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert result.stderr.strip() == (f'train.py: the environment variable XLA_FLAGS={environment!r}: '
+                                   f'XLA rejects it ({reason}); mend or unset XLA_FLAGS')
+  assert os.listdir(tmp_path) == []
+
+
 def test_xla_flags_go_unchecked_with_a_warning_where_jaxlib_cannot_check_them(monkeypatch,
                                                                             caplog):
   config = tiny.get_config()
@@ -174,7 +191,7 @@ def test_xla_flags_go_unchecked_with_a_warning_where_jaxlib_cannot_check_them(mo
   monkeypatch.delenv('XLA_FLAGS', raising=False)
   commands.use_xla_flags(config)
   assert os.environ['XLA_FLAGS'] == '--xla_gpu_autotune_level=2'
-  assert "config.xla_flags not checked: ModuleNotFoundError: No module named 'jaxlib._jax'" in (
+  assert "XLA_FLAGS not checked: ModuleNotFoundError: No module named 'jaxlib._jax'" in (
       caplog.text)
 
 
@@ -208,4 +225,12 @@ def test_a_compilation_cache_that_cannot_be_a_directory_is_named(tmp_path):
   with pytest.raises(DirectoryError, match=re.escape(
       f'config.compilation_cache_dir: {file}/jax cannot be made a directory (Not a directory)')):
     commands.use_compilation_cache(config)
+  assert os.listdir(tmp_path) == ['file']
+  # /sys: read-only, even for root.
+  result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run',
+                      '--config.compilation_cache_dir=/sys')
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      'train.py: config.compilation_cache_dir: /sys takes no new file (Permission denied); give a '
+      'directory you can write to')
   assert os.listdir(tmp_path) == ['file']

@@ -302,6 +302,23 @@ def test_too_long_and_empty_pairs_are_dropped_and_counted(tmp_path, corpus):
   assert (len(with_empty), with_empty.dropped_empty) == (2, 2)
 
 
+def test_a_batch_budget_above_what_the_split_holds_is_warned_of(corpus, caplog):
+  config, vocab, _ = corpus
+  config = config.copy_and_resolve_references()
+  for tokens_per_batch, warned in ((10**9, True), (config.tokens_per_batch, False)):
+    config.tokens_per_batch = tokens_per_batch
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger='absl'):
+      batches = data.train_batches(config, vocab, num_devices=2)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (batches.batches_per_epoch <= len(batches._batches.buckets)) == warned
+    assert bool([m for m in said if re.fullmatch(
+        r'.*: config\.tokens_per_batch=1000000000 is more than the split holds \(the fullest '
+        rf"device's share: \d+ real tokens per side\): an epoch is {batches.batches_per_epoch} "
+        r'step\(s\), a batch per length; lower tokens_per_batch for more, smaller steps',
+        m)]) == warned, said
+
+
 def test_packed_rows_keep_pairs_separate(corpus):
   config, vocab, _ = corpus
   config = config.copy_and_resolve_references()

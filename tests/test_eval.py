@@ -4,6 +4,7 @@ import codecs
 import gzip
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -170,14 +171,21 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   assert steps == [75]
   for a, b in zip(jax.tree_util.tree_leaves(written), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_array_equal(a, b)
-  # A directory that holds checkpoints, the run's own included, is refused before any is read.
-  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  # A workdir, the run's own included, is refused before any checkpoint is read, and so is a
+  # directory that holds checkpoints.
+  before = {path: path.read_bytes() for path in pathlib.Path(workdir).rglob('*') if path.is_file()}
   for existing in (out, workdir):
     assert error_line(run_script('average_checkpoints.py', f'--workdir={workdir}',
                                  f'--output_dir={existing}')) == (
-        f'average_checkpoints.py: {existing}/checkpoints already holds checkpoints; choose a new '
-        'directory')
-  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
+        f"average_checkpoints.py: --output_dir: {existing} holds a config.json already (a run's "
+        'workdir?); choose a new directory')
+  os.remove(os.path.join(out, 'config.json'))
+  assert error_line(run_script('average_checkpoints.py', f'--workdir={workdir}',
+                               f'--output_dir={out}')) == (
+      f'average_checkpoints.py: {out}/checkpoints already holds checkpoints; choose a new '
+      'directory')
+  assert {path: path.read_bytes() for path in pathlib.Path(workdir).rglob('*')
+          if path.is_file()} == before
 
 
 def test_an_average_cut_short_leaves_nothing_that_blocks_its_rerun(workdir, tmp_path):
@@ -450,7 +458,7 @@ def test_a_byte_order_mark_changes_nothing_and_a_cut_gzip_file_gets_one_line(wor
       'end-of-stream marker was reached); download or copy it again')
 
 
-def test_gzipped_stdin_translates_as_the_text_and_closed_stdin_gets_one_line(workdir):
+def test_gzipped_stdin_translates_as_the_text_and_closed_stdin_or_stdout_get_one_line(workdir):
   text = 'a b\nc d e\n'
   plain = run_script('translate.py', f'--workdir={workdir}', stdin=text)
   gzipped = run_script('translate.py', f'--workdir={workdir}', stdin=gzip.compress(text.encode()))
@@ -461,6 +469,11 @@ def test_gzipped_stdin_translates_as_the_text_and_closed_stdin_gets_one_line(wor
                           timeout=600)
   assert error_line(closed) == (
       'translate.py: stdin is closed: pipe the sentences in, or give --input=FILE')
+  closed = subprocess.run(['sh', '-c', 'exec "$0" "$@" >&-', sys.executable, 'translate.py',
+                           f'--workdir={workdir}'], cwd=ROOT, input='a\n', capture_output=True,
+                          text=True, timeout=600)
+  assert error_line(closed) == (
+      'translate.py: stdout is closed: give --output=FILE, or leave stdout open')
 
 
 @pytest.mark.parametrize('script,args', [
@@ -508,6 +521,18 @@ def test_a_platform_jax_cannot_start_here_gets_one_line(workdir, tmp_path, platf
     assert message.endswith('unset JAX_PLATFORMS to use the devices this machine has, or install '
                             "jax for the device (pip install -e '.[cuda12]' or '.[tpu]')")
   assert os.listdir(tmp_path) == []
+
+
+def test_a_checkpoints_file_where_the_directory_goes_is_named(workdir, tmp_path):
+  run = tmp_path / 'run'
+  shutil.copytree(workdir, run, ignore=shutil.ignore_patterns('checkpoints'))
+  (run / 'checkpoints').write_text('x', encoding='utf-8')
+  for script, *args in (('eval.py', f'--output_dir={tmp_path}/eval'), ('translate.py',),
+                        ('average_checkpoints.py', f'--output_dir={tmp_path}/average')):
+    assert error_line(run_script(script, f'--workdir={run}', *args, stdin='a\n')) == (
+        f'{script}: {run}/checkpoints is a file where train.py keeps its checkpoints directory; '
+        'give the workdir whose checkpoints/ holds them')
+  assert sorted(os.listdir(tmp_path)) == ['run']
 
 
 def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path):

@@ -407,6 +407,9 @@ def load_params(workdir: str, config, average_last: int | None = None,
     if not steps and kept:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint at or before step '
                             f'{up_to_step} ({_named(kept)}); ask for a later step')
+    if not steps and epath.Path(checkpoints.directory).is_file():
+      raise CheckpointError(f'{checkpoints.directory} is a file where train.py keeps its '
+                            'checkpoints directory; give the workdir whose checkpoints/ holds them')
     if not steps:
       raise CheckpointError(f'{checkpoints.directory} holds no checkpoint; train first')
     held = (f'{len(steps)} scheduled checkpoints' +

@@ -6,6 +6,7 @@ of these.
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,18 +28,18 @@ def use_compilation_cache(config: ml_collections.ConfigDict):
   """Keeps every compiled program in config.compilation_cache_dir, if set, for later runs.
 
   Raises:
-    files.DirectoryError: it cannot be a directory (JAX would warn at every program and compile
-      on).
+    files.DirectoryError: it cannot be a directory, or takes no new file (JAX would warn at every
+      program and keep none).
   """
   if config.compilation_cache_dir:
     path = os.path.expanduser(config.compilation_cache_dir)
-    files.make_directory(path, 'config.compilation_cache_dir')
+    files.check_writable(os.path.join(path, 'program'), 'config.compilation_cache_dir')
     jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 
 
-def _check_xla_flags(config: ml_collections.ConfigDict, flags_to_add: list[str]):
-  """Raises ConfigError for a flag XLA does not know or a value it cannot read.
+def _xla_rejects(xla_flags: list[str]) -> str:
+  """Why XLA rejects one of `xla_flags` (a flag it does not know or a value it cannot read), or ''.
 
   XLA reads XLA_FLAGS once, and on such a flag ends the process with a fatal log (for a bad value,
   after printing every flag it has): jaxlib reads them first in a subprocess, which costs a
@@ -46,19 +47,16 @@ def _check_xla_flags(config: ml_collections.ConfigDict, flags_to_add: list[str])
   """
   result = subprocess.run(
       [sys.executable, '-c', 'from jaxlib import _jax; _jax.CompileOptions()'],
-      env={**os.environ, 'XLA_FLAGS': ' '.join(flags_to_add)}, capture_output=True, text=True,
+      env={**os.environ, 'XLA_FLAGS': ' '.join(xla_flags)}, capture_output=True, text=True,
       check=False)
   if result.returncode == 0:
-    return
+    return ''
   reasons = [line.split('] ', 1)[-1].rstrip('.') for line in result.stderr.splitlines()
              if 'Unknown flag in XLA_FLAGS' in line or "Couldn't interpret value" in line]
   if not reasons:  # not XLA's flag parsing: jaxlib itself failed, unrelated to the flags
-    logging.warning('config.xla_flags not checked: %s', result.stderr.strip()[-300:])
-    return
-  raise ConfigError(
-      f'config.xla_flags={config.xla_flags!r}: XLA rejects it ({reasons[0]}); see '
-      '`XLA_FLAGS=--help python -c "import jax; jax.devices()"` for the flags this jaxlib knows',
-      'xla_flags')
+    logging.warning('XLA_FLAGS not checked: %s', result.stderr.strip()[-300:])
+    return ''
+  return reasons[0]
 
 
 def use_xla_flags(config: ml_collections.ConfigDict):
@@ -67,14 +65,25 @@ def use_xla_flags(config: ml_collections.ConfigDict):
   the environment's value.
 
   Raises:
-    ConfigError: XLA does not know one of the flags, or cannot read its value.
+    ConfigError: XLA does not know one of the flags (config.xla_flags' or the environment's), or
+      cannot read its value.
   """
   current = os.environ.get('XLA_FLAGS', '').split()
   named = {flag.split('=')[0] for flag in current}
   missing = [flag for flag in config.xla_flags.split() if flag.split('=')[0] not in named]
+  if not current + missing:
+    return
+  if reason := _xla_rejects(current + missing):
+    flag = re.search(r'xla_\w+', reason)
+    if flag and f'--{flag[0]}' in named:
+      raise ConfigError(f'the environment variable XLA_FLAGS={" ".join(current)!r}: XLA rejects '
+                        f'it ({reason}); mend or unset XLA_FLAGS')
+    raise ConfigError(
+        f'config.xla_flags={config.xla_flags!r}: XLA rejects it ({reason}); see '
+        '`XLA_FLAGS=--help python -c "import jax; jax.devices()"` for the flags this jaxlib '
+        'knows', 'xla_flags')
   if not missing:
     return
-  _check_xla_flags(config, missing)
   if xla_bridge.backends_are_initialized():
     logging.warning('config.xla_flags %s not applied: JAX started its backend before; set '
                     'XLA_FLAGS before the process starts', ' '.join(missing))

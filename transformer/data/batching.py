@@ -236,6 +236,13 @@ class Batches:
                  ', '.join(f'{r}x{length}' for r, length, n in zip(
                      self.rows_per_batch, self.buckets, self.batches_per_length) if n),
                  where.tokens)
+    held = int((rows * milli_tokens).sum(axis=1).max()) // 1000  # by the fullest shard
+    if split == 'train' and held < where.tokens:
+      logging.warning('%s: config.tokens_per_batch=%d is more than the split holds (the '
+                      "fullest device's share: %d real tokens per side): an epoch is %d step(s), "
+                      'a batch per length; lower tokens_per_batch for more, smaller steps',
+                      tokenized.name, config.tokens_per_batch, held,
+                      sum(self.batches_per_length))
 
   def plan(self, epoch: int | None) -> list[tuple[int, list[np.ndarray]]]:
     """(length, each local device's row ids) per batch: shuffled by (seed, epoch), or in order."""
