@@ -523,6 +523,22 @@ def test_a_platform_jax_cannot_start_here_gets_one_line(workdir, tmp_path, platf
   assert os.listdir(tmp_path) == []
 
 
+def test_outputs_through_symbolic_links_replace_their_targets(workdir, tmp_path):
+  (tmp_path / 'target.txt').write_text('old\n', encoding='utf-8')
+  os.symlink('target.txt', tmp_path / 'translations.txt')
+  (tmp_path / 'scores').mkdir()
+  os.symlink('scores', tmp_path / 'eval')
+  result = run_script('translate.py', f'--workdir={workdir}',
+                      f'--output={tmp_path}/translations.txt', stdin='a b\nc\n')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len((tmp_path / 'target.txt').read_text(encoding='utf-8').splitlines()) == 2
+  assert os.readlink(tmp_path / 'translations.txt') == 'target.txt'
+  result = run_script('eval.py', f'--workdir={workdir}', f'--output_dir={tmp_path}/eval')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert sorted(os.listdir(tmp_path / 'scores')) == ['hypotheses.txt', 'scores.json']
+  assert sorted(os.listdir(tmp_path)) == ['eval', 'scores', 'target.txt', 'translations.txt']
+
+
 def test_a_checkpoints_file_where_the_directory_goes_is_named(workdir, tmp_path):
   run = tmp_path / 'run'
   shutil.copytree(workdir, run, ignore=shutil.ignore_patterns('checkpoints'))

@@ -69,3 +69,13 @@ def test_a_write_that_fails_part_way_leaves_the_file_as_it_was_and_says_why(tmp_
   assert re.fullmatch(rf'{re.escape(path)} could not be written \(No space left on device; '
                       r'([\d.]+) MiB free there\)', str(full))
   assert abs(float(re.search(r'; ([\d.]+) MiB', str(full))[1]) - free) < 10
+
+
+def test_a_file_written_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp_path):
+  (tmp_path / 'target.txt').write_text('old\n', encoding='utf-8')
+  os.symlink('target.txt', tmp_path / 'link.txt')
+  files.check_writable(str(tmp_path / 'link.txt'), '--output')
+  files.write_atomically(str(tmp_path / 'link.txt'), 'new\n')
+  assert os.readlink(tmp_path / 'link.txt') == 'target.txt'
+  assert (tmp_path / 'target.txt').read_text(encoding='utf-8') == 'new\n'
+  assert sorted(os.listdir(tmp_path)) == ['link.txt', 'target.txt']

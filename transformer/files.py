@@ -154,7 +154,7 @@ def check_writable(path: str, given_by: str):
     DirectoryError: `path` is a directory, or its directory cannot be made or takes no new file
       (no permission, a read-only disk); the message says which.
   """
-  path = epath.Path(path)
+  path = _through_links(path)
   make_directory(path.parent, given_by)
   if path.is_dir():
     raise DirectoryError(f'{given_by}: {path} is a directory; give another path, or move it away')
@@ -165,6 +165,12 @@ def check_writable(path: str, given_by: str):
   except OSError as error:
     raise DirectoryError(f'{given_by}: {path.parent} takes no new file ({error.strerror or error})'
                          '; give a directory you can write to') from None
+
+
+def _through_links(path: str) -> epath.Path:
+  """`path`, or where it leads if it is a symbolic link: a file written there replaces the link's
+  target, not the link."""
+  return epath.Path(os.path.realpath(path) if os.path.islink(path) else path)
 
 
 @contextlib.contextmanager
@@ -178,7 +184,7 @@ def open_atomically(path: str, mode: str = 'wb'):
   file that closes uploads what it was given even when the block failed (a bucket's files here
   are small: configs, metrics, vocabularies, translations).
   """
-  path = epath.Path(path)
+  path = _through_links(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   if is_remote(path):
     buffer = io.BytesIO() if 'b' in mode else io.StringIO()
