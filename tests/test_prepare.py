@@ -1,11 +1,14 @@
 """Data prepared once: token ids stored per (source, vocabulary), prepare.py, and what a failed
 download says."""
 
+import fcntl
 import json
 import logging
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import downloader
 
 from configs import default, multi30k
-from conftest import error_line, run_script
+from conftest import ROOT, error_line, run_script
 from test_data import text_config
 from transformer import config as config_lib
 from transformer import data
@@ -212,3 +215,38 @@ def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):
   result = run_script('prepare.py', '--config=configs/tiny.py', f'--config.tfds_data_dir={file}')
   assert error_line(result) == (f'prepare.py: config.tfds_data_dir: {file} cannot be made a '
                                 'directory (a file of that name exists); give a directory path')
+
+
+def test_a_read_only_prepared_data_directory_gets_one_line(tmp_path):
+  line = (re.escape("config.tfds_data_dir='/sys': prepared data cannot be written there "
+                    '(/sys/vocabularies/') + r'\w+' +
+          re.escape('/sentencepiece.model could not be written (Operation not permitted)); give a '
+                    'directory this user can write to, or one that holds the data prepared '
+                    'already'))
+  # /sys: read-only, even for root.
+  assert re.fullmatch(f'prepare.py: {line}', error_line(run_script(
+      'prepare.py', '--config=configs/tiny.py', '--config.tfds_data_dir=/sys')))
+  assert re.fullmatch(f'train.py: {line}', error_line(run_script(
+      'train.py', '--config=configs/tiny.py', '--config.tfds_data_dir=/sys',
+      f'--workdir={tmp_path}/run')))
+  # What binds nothing: the next start with a writable directory takes the workdir.
+  assert sorted(os.listdir(tmp_path / 'run')) == ['config.json', 'run.lock']
+
+
+def test_processes_preparing_one_dataset_at_once_wait_for_each_other(tmp_path, multi30k_dir):
+  """Hosts, or two commands, that share a fresh tfds_data_dir: one prepares Multi30k while the
+  others wait, then read it; TFDS alone fails all but the first to finish."""
+  command = [sys.executable, 'prepare.py', '--config=configs/multi30k.py',
+             f'--config.tfds_data_dir={tmp_path}', f'--config.manual_dir={multi30k_dir}']
+  with open(tmp_path / 'prepare.lock', 'a') as lock:  # as another process preparing
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    waiting = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    for line in waiting.stderr:
+      if 'waiting for another process that prepares data in' in line:
+        break
+    assert waiting.poll() is None
+    racing = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  outputs = [process.communicate(timeout=600) for process in (waiting, racing)]
+  assert [process.returncode for process in (waiting, racing)] == [0, 0], outputs
+  assert len(os.listdir(tmp_path / 'multi30k_sources')) == 1
+  assert sum('preparing multi30k from' in stderr for _, stderr in outputs) == 1

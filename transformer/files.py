@@ -132,6 +132,10 @@ def free_mib(directory: str) -> float | None:
     return None
 
 
+# Why a write fails where the path is right: no permission, a read-only or full disk.
+WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
 def _unwritable(path: str, error: OSError) -> DirectoryError:
   """The one-line error of a write to `path` that failed: why, and the space left there."""
   why = error.strerror or str(error)
@@ -185,7 +189,10 @@ def open_atomically(path: str, mode: str = 'wb'):
   are small: configs, metrics, vocabularies, translations).
   """
   path = _through_links(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    raise _unwritable(path, error) from None
   if is_remote(path):
     buffer = io.BytesIO() if 'b' in mode else io.StringIO()
     yield buffer

@@ -6,6 +6,8 @@ so the batcher reads only the pairs it needs. TFDS datasets are read TF-free, th
 length-grouped, resumable batching needs).
 """
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -117,13 +119,16 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
   paths = multi30k.source_files(config.manual_dir, os.path.join(root, 'downloads'))
   files_digest = multi30k.sources_digest(paths)
   prepared = os.path.join(root, 'multi30k_sources', files_digest[:16])
-  builder = multi30k.Multi30k(paths=paths, data_dir=prepared, file_format='array_record')
-  if not builder.is_prepared():
+
+  def prepare(builder):
     logging.info('preparing multi30k from %s (files sha256 %s) in %s',
                  config.manual_dir or 'the download', files_digest[:16], prepared)
     began = time.time()
     builder.download_and_prepare()
     logging.info('prepared multi30k in %.1f s', time.time() - began)
+
+  builder = _prepared_once(config, lambda: multi30k.Multi30k(
+      paths=paths, data_dir=prepared, file_format='array_record'), prepare)
   return _from_data_source(f'multi30k ({split})', digest('multi30k', files_digest, split),
                            builder.as_data_source(split), config.source_lang, config.target_lang)
 
@@ -161,13 +166,16 @@ def _tfds_builder(config: ml_collections.ConfigDict):
   if builder_configs and kwargs.get('config') not in builder_configs:
     raise DataError(f'{bad}: {name} has no config {kwargs.get("config")!r}; use one of '
                     + ', '.join(f"'{name}/{pair}'" for pair in builder_configs))
-  try:
-    builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir or None,
-                           file_format='array_record')
-  except (AssertionError, TypeError) as error:  # how TFDS refuses a version or an argument
-    why = str(error).split('": ', 1)[-1]  # after TFDS's repeat of the builder's arguments
-    raise DataError(f'{bad}: {why}') from None
-  if not builder.is_prepared():
+
+  def make_builder():
+    try:
+      return tfds.builder(config.dataset, data_dir=config.tfds_data_dir or None,
+                          file_format='array_record')
+    except (AssertionError, TypeError) as error:  # how TFDS refuses a version or an argument
+      why = str(error).split('": ', 1)[-1]  # after TFDS's repeat of the builder's arguments
+      raise DataError(f'{bad}: {why}') from None
+
+  def prepare(builder):
     logging.info('preparing %s in %s', builder.info.full_name, builder.data_dir)
     began = time.time()
     try:
@@ -180,6 +188,41 @@ def _tfds_builder(config: ml_collections.ConfigDict):
     except DOWNLOAD_ERRORS as error:
       raise _download_failed(builder, error, config.manual_dir) from None
     logging.info('prepared %s in %.1f s', builder.info.full_name, time.time() - began)
+
+  return _prepared_once(config, make_builder, prepare)
+
+
+@contextlib.contextmanager
+def writing_prepared(config: ml_collections.ConfigDict):
+  """Raises a write that fails in the block (no permission, a read-only or full disk) as one
+  DataError naming config.tfds_data_dir, where prepared data goes."""
+  try:
+    yield
+  except (files.DirectoryError, OSError) as error:
+    if isinstance(error, OSError) and error.errno not in files.WRITE_ERRNOS:
+      raise
+    raise DataError(f'config.tfds_data_dir={prepared_dir(config)!r}: prepared data cannot be '
+                    f'written there ({error}); give a directory this user can write to, or one '
+                    'that holds the data prepared already', 'tfds_data_dir') from None
+
+
+def _prepared_once(config: ml_collections.ConfigDict, make_builder, prepare):
+  """`make_builder()`'s TFDS builder, prepared (`prepare(builder)`) if it is not, by one process
+  at a time: processes that share config.tfds_data_dir (hosts, two commands at once) wait for
+  the one preparing, then read what it wrote, where TFDS would fail all but the first to finish."""
+  builder = make_builder()
+  if builder.is_prepared():
+    return builder
+  with writing_prepared(config), open(os.path.join(prepared_dir(config), 'prepare.lock'),
+                                      'a') as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.info('waiting for another process that prepares data in %s', prepared_dir(config))
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    builder = make_builder()  # anew: prepared by the other process, it reads what that wrote
+    if not builder.is_prepared():
+      prepare(builder)
   return builder
 
 

@@ -125,18 +125,19 @@ def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary) -> Token
                _load(os.path.join(directory, f'{side}_lengths.npy'))) for side in SIDES))
   began = time.time()
   tokenized = tokenize(corpus, vocab)
-  for side, ragged in zip(SIDES, (tokenized.sources, tokenized.targets)):
-    for name, array in (('tokens', ragged.flat), ('lengths', ragged.lengths)):
-      path = os.path.join(directory, f'{side}_{name}.npy')
-      if not epath.Path(path).exists():
-        _save(path, array)
-  if epath.Path(info).exists():  # another host finished first
-    return tokenized
-  size = sum(r.flat.nbytes + r.lengths.nbytes for r in (tokenized.sources, tokenized.targets))
-  write_atomically(info, json.dumps({
-      'corpus': corpus.name, 'corpus_digest': corpus.digest, 'pairs': len(tokenized),
-      'tokens': [int(r.flat.size) for r in (tokenized.sources, tokenized.targets)],
-      'bytes': size, 'seconds': round(time.time() - began, 1)}, indent=2))
+  with sources.writing_prepared(config):
+    for side, ragged in zip(SIDES, (tokenized.sources, tokenized.targets)):
+      for name, array in (('tokens', ragged.flat), ('lengths', ragged.lengths)):
+        path = os.path.join(directory, f'{side}_{name}.npy')
+        if not epath.Path(path).exists():
+          _save(path, array)
+    if epath.Path(info).exists():  # another host finished first
+      return tokenized
+    size = sum(r.flat.nbytes + r.lengths.nbytes for r in (tokenized.sources, tokenized.targets))
+    write_atomically(info, json.dumps({
+        'corpus': corpus.name, 'corpus_digest': corpus.digest, 'pairs': len(tokenized),
+        'tokens': [int(r.flat.size) for r in (tokenized.sources, tokenized.targets)],
+        'bytes': size, 'seconds': round(time.time() - began, 1)}, indent=2))
   logging.info('%s: %d pairs tokenized in %.1f s, stored in %s (%.0f MiB)', corpus.name,
                len(tokenized), time.time() - began, directory, size / 2**20)
   return tokenized

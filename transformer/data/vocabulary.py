@@ -214,7 +214,8 @@ def load_or_train_model(config: ml_collections.ConfigDict, corpus: sources.Corpu
     return epath.Path(path).read_bytes()
   began = time.time()
   model = train_model(config, corpus)
-  write_atomically(path, model)
+  with sources.writing_prepared(config):
+    write_atomically(path, model)
   logging.info('vocabulary trained in %.1f s: %s', time.time() - began, path)
   return model
 
