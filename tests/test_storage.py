@@ -114,6 +114,32 @@ def test_a_write_that_fails_in_a_bucket_publishes_nothing(emulator_env):
   assert [p.name for p in path.parent.iterdir()] == ['scores.json']
 
 
+@pytest.mark.parametrize('case', ['no route', 'unknown host', 'no gcsfs'])
+def test_a_bucket_out_of_reach_gets_one_line(case, tmp_path):
+  """Else gcsfs retries for ~90 s, logging a traceback at each try, or an ImportError ends it."""
+  env = dict(os.environ, STORAGE_EMULATOR_HOST={
+      'no route': 'http://127.0.0.1:1', 'unknown host': 'http://storage.invalid'}.get(case, ''))
+  if case == 'no gcsfs':  # a gcsfs that fails to import, first on the path
+    (tmp_path / 'gcsfs').mkdir()
+    (tmp_path / 'gcsfs' / '__init__.py').write_text('raise ImportError("No module named gcsfs")')
+    env['PYTHONPATH'] = str(tmp_path)
+  why = {'no route': '127.0.0.1:1 cannot be reached (Connection refused)',
+         'unknown host': 'storage.invalid:80 cannot be reached (',
+         'no gcsfs': "is in a bucket, which needs gcsfs (No module named gcsfs): pip install -e "
+                     "'.[gcs]'"}[case]
+  for command in (('train.py', '--config=configs/tiny.py', f'--workdir={BUCKET}/run'),
+                  ('translate.py', f'--workdir={BUCKET}/run'),
+                  ('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run',
+                   '--config.dataset=text', f'--config.train_files={BUCKET}/{{lang}}.gz')):
+    result = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, input='a\n',
+                            capture_output=True, text=True, timeout=600)
+    given_by = 'config.train_files' if 'train_files' in command[-1] else '--workdir'
+    assert error_line(result).startswith(f'{command[0]}: {given_by}: {BUCKET}/'), result.stderr
+    assert why in error_line(result), result.stderr
+    assert len(result.stderr.strip().splitlines()) < 10, result.stderr  # no gcsfs retries
+  assert not (tmp_path / 'run').exists()
+
+
 def test_a_workdir_in_a_bucket_is_held_by_one_run_at_a_time(emulator_env):
   workdir = f'{BUCKET}/runs/held'
   with lock.hold(workdir):

@@ -173,18 +173,39 @@ def end_at_once_on_sigterm(command: str):
   threading.Thread(target=end, args=((woken, wakeup),), name='sigterm', daemon=True).start()
 
 
+def _paths(name: str, value):
+  """(the flag or key, the value) of each string in a flag's value, a config's keys included."""
+  if isinstance(value, (ml_collections.ConfigDict, dict)):
+    for key, item in value.items():
+      yield from _paths(f'{name.lstrip("-")}.{key}', item)
+  elif isinstance(value, str):
+    yield name, value
+
+
+def check_buckets(flag_values: flags.FlagValues = flags.FLAGS):
+  """`files.check_bucket` for each gs:// path the command was given, in a flag or in its config:
+  one line within seconds where the bucket cannot be reached."""
+  for name, value in flag_values.flag_values_dict().items():
+    for given_by, path in _paths(f'--{name}', value):
+      files.check_bucket(path, given_by)
+
+
 def run(main, command: str, config_flag: bool = False, sigterm_ends: bool = True):
   """absl's `app.run(main)` for `command` (e.g. 'eval.py'): a Ctrl-C ends it with one line and
   status 130, not a traceback, and so does a SIGTERM, with status 143, at once
   (`end_at_once_on_sigterm`, unless `sigterm_ends` is False: train.py saves first); the files it
   was writing are left as they were (`files.open_atomically`). With `config_flag`, a bad
-  --config ends it with one line too (`flags_parser`)."""
+  --config ends it with one line too (`flags_parser`), and so does a bucket out of reach
+  (`check_buckets`)."""
   if sigterm_ends:
     end_at_once_on_sigterm(command)
 
   def interruptible(argv):
     try:
+      check_buckets()
       return main(argv)
+    except files.DirectoryError as error:  # a bucket out of reach
+      sys.exit(f'{command}: {error}')
     except KeyboardInterrupt:
       print(f'{command}: stopped by Ctrl-C; the files it was writing are as they were',
             file=sys.stderr)

@@ -3,12 +3,15 @@ reader never sees half of one."""
 
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import os
 import shutil
+import socket
 import tempfile
 import threading
+import urllib.parse
 import uuid
 
 from etils import epath
@@ -40,6 +43,34 @@ def stop_writing():
 def is_remote(path: str) -> bool:
   """Whether `path` is a URL of a store (gs://bucket/...) rather than a local path."""
   return '://' in os.fspath(path)
+
+
+@functools.cache
+def check_bucket(path: str, given_by: str):
+  """Fails within seconds where the bucket of the gs:// `path` cannot be reached: no gcsfs, or
+  no route to Cloud Storage (or to STORAGE_EMULATOR_HOST), where gcsfs would retry for ~90 s,
+  logging each traceback. Other paths pass.
+
+  Raises:
+    DirectoryError: naming `given_by`, the path and the fix.
+  """
+  if not os.fspath(path).startswith('gs://'):
+    return
+  try:
+    import gcsfs  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as error:
+    raise DirectoryError(f"{given_by}: {path} is in a bucket, which needs gcsfs ({error}): pip "
+                         "install -e '.[gcs]'") from None
+  endpoint = urllib.parse.urlsplit(os.environ.get('STORAGE_EMULATOR_HOST') or
+                                   'https://storage.googleapis.com')
+  host = endpoint.hostname or endpoint.path  # the variable may hold HOST:PORT alone
+  port = endpoint.port or (80 if endpoint.scheme == 'http' else 443)
+  try:
+    socket.create_connection((host, port), timeout=10).close()
+  except OSError as error:
+    raise DirectoryError(f'{given_by}: {path}: {host}:{port} cannot be reached '
+                         f'({error.strerror or error}); check the network, or give a local '
+                         'path') from None
 
 
 def absolute(path: str) -> str:
