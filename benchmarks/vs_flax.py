@@ -96,13 +96,13 @@ def alternate(sides: dict, references: dict, repeats: int) -> dict:
 
 def main(argv):
   del argv
+  directory = fetch_flax_examples(_FLAX_DIR.value)  # first: without it, nothing to compare
   repeats = _REPEATS.value
   rng = np.random.default_rng(0)
   shipped_config = load_config('', _SIZE.value)
   ours = {variant or 'ours': Ours(like_flax(load_config(variant, _SIZE.value)))
           for variant in ['', *_VARIANTS.value]}
   mine, shipped = ours['ours'], Ours(shipped_config)
-  directory = fetch_flax_examples(_FLAX_DIR.value)
   flax_sides = {'flax': Flax(directory, mine, mine.compiler_options),
                 'flax as shipped': Flax(directory, shipped)}
   check_batch = random_batch(rng, 2, 8, mine.model_config.vocab_size)

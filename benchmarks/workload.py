@@ -200,12 +200,24 @@ FLAX_FILES = ('models.py', 'decode.py', 'train.py', 'bleu.py')
 
 
 def fetch_flax_examples(directory: str) -> str:
-  """examples/wmt of the installed flax version's sdist, extracted once into `directory`."""
+  """examples/wmt of the installed flax version's sdist, extracted once into `directory`.
+
+  Raises:
+    SystemExit: pip cannot fetch it (no network, no such version on the index); one line that
+      says where to put the files by hand.
+  """
   if all(os.path.exists(os.path.join(directory, f)) for f in FLAX_FILES):
     return directory
   with tempfile.TemporaryDirectory() as tmp:
-    subprocess.run([sys.executable, '-m', 'pip', 'download', f'flax=={flax.__version__}',
-                    '--no-deps', '--no-binary', ':all:', '--quiet', '-d', tmp], check=True)
+    fetched = subprocess.run([sys.executable, '-m', 'pip', 'download', f'flax=={flax.__version__}',
+                              '--no-deps', '--no-binary', ':all:', '--quiet', '-d', tmp],
+                             capture_output=True, text=True, check=False)
+    if fetched.returncode:
+      why = (fetched.stderr.strip().splitlines() or ['no output'])[-1]
+      raise SystemExit(f'the flax {flax.__version__} sdist, whose examples/wmt is the reference, '
+                       f'could not be fetched (pip download: {why}); put its examples/wmt/ '
+                       f'{", ".join(FLAX_FILES)} in {directory} (--flax_dir), or run where PyPI '
+                       'is reachable')
     (sdist,) = [f for f in os.listdir(tmp) if f.endswith('.tar.gz')]
     os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
     staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(directory)))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import types
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -626,6 +627,21 @@ def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
   unfused = ours('--xla_disable_hlo_passes=fusion')
   loop_fusions = lambda side: side.train_hlo(sharded).count('kind=kLoop, calls=%fused_computation')
   assert loop_fusions(gpu_flags) > 10 and loop_fusions(unfused) == 0
+
+
+def test_vs_flax_says_in_one_line_where_flax_examples_go_when_it_cannot_fetch_them(tmp_path):
+  env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX='1',
+             PIP_FIND_LINKS=str(tmp_path))  # an index that holds nothing
+  result = subprocess.run([sys.executable, '-m', 'benchmarks.vs_flax',
+                           f'--flax_dir={tmp_path}/flax'], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'the flax {flax.__version__} sdist, whose examples/wmt is the reference, could not be '
+      f'fetched (pip download: ERROR: No matching distribution found for flax=={flax.__version__})'
+      f'; put its examples/wmt/ models.py, decode.py, train.py, bleu.py in {tmp_path}/flax '
+      '(--flax_dir), or run where PyPI is reachable')
+  assert os.listdir(tmp_path) == []
 
 
 @pytest.fixture(scope='module')
