@@ -64,7 +64,7 @@ def test_a_write_that_fails_part_way_leaves_the_file_as_it_was_and_says_why(tmp_
     assert f.read() == 'old\na whole line\n'  # no half line, no half file
   assert os.listdir(tmp_path) == ['metrics.jsonl']  # no temporary file
   # A full disk's error says how much space is left there.
-  full = files._unwritable(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+  full = files.unwritable(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
   free = shutil.disk_usage(tmp_path).free / 2**20
   assert re.fullmatch(rf'{re.escape(path)} could not be written \(No space left on device; '
                       r'([\d.]+) MiB free there\)', str(full))

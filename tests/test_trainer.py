@@ -654,6 +654,28 @@ def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoi
   assert sorted(os.listdir(directory), key=int) == ['40', '60']  # keep_checkpoints=2
 
 
+def test_a_tensorboard_write_that_fails_stops_the_run_in_one_line(tmp_path):
+  workdir = str(tmp_path / 'run')
+  schedule = ('--config.checkpoint_every_steps=0', '--config.eval_every_steps=0',
+              '--config.log_every_steps=5', '--config.final_bleu_splits=')
+  run_train(workdir, '--config.num_train_steps=20', *schedule, devices=1)
+  (events,) = os.listdir(os.path.join(workdir, 'tensorboard'))
+  # A resumed run writes a new events file: as big as the first once it has logged as many rows,
+  # and it fails soon after, while metrics.jsonl has kilobytes to go. As on a full disk.
+  limit = os.path.getsize(os.path.join(workdir, 'tensorboard', events)) + 100
+  assert os.path.getsize(os.path.join(workdir, 'metrics.jsonl')) < limit / 2
+  result = subprocess.run(
+      train_command(workdir, '--config.num_train_steps=60', *schedule), cwd=ROOT, env=_env(1),
+      capture_output=True, text=True, timeout=600,
+      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+  assert error_line(result) == (f'train.py: {workdir}/tensorboard could not be written (File too '
+                                'large)'), result.stderr[-3000:]
+  assert 'Exception' not in result.stderr, result.stderr[-3000:]  # nor in a thread
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['20']
+  run_train(workdir, '--config.num_train_steps=60', *schedule, devices=1)  # space again: resumed
+  assert max(row['step'] for row in read_metrics(workdir)) == 60
+
+
 def _mixed_state():
   """A state tree with arrays of two dtypes and a scalar, as Adam's count."""
   return {'params': {'b': np.arange(3, dtype=np.float32), 'w': np.full((2, 4), 0.5, np.float32)},

@@ -167,8 +167,9 @@ def free_mib(directory: str) -> float | None:
 WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
-def _unwritable(path: str, error: OSError) -> DirectoryError:
-  """The one-line error of a write to `path` that failed: why, and the space left there."""
+def unwritable(path: str, error: OSError) -> DirectoryError:
+  """The one-line error of a write to `path` that failed: why, and the space left there (for a
+  full disk)."""
   why = error.strerror or str(error)
   free = free_mib(os.path.dirname(path))
   if error.errno in (errno.ENOSPC, errno.EDQUOT) and free is not None:
@@ -223,7 +224,7 @@ def open_atomically(path: str, mode: str = 'wb'):
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
   except OSError as error:
-    raise _unwritable(path, error) from None
+    raise unwritable(path, error) from None
   if is_remote(path):
     buffer = io.BytesIO() if 'b' in mode else io.StringIO()
     yield buffer
@@ -240,7 +241,7 @@ def open_atomically(path: str, mode: str = 'wb'):
   except BaseException as error:
     target.unlink(missing_ok=True)
     if isinstance(error, OSError):
-      raise _unwritable(path, error) from None
+      raise unwritable(path, error) from None
     raise
   finally:
     _TEMPORARIES.discard(target)
@@ -270,7 +271,7 @@ def append_line(path: str, line: str):
       try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
       except OSError as error:
-        raise _unwritable(path, error) from None
+        raise unwritable(path, error) from None
       try:
         end = os.lseek(fd, 0, os.SEEK_END)
         remaining = memoryview((line + '\n').encode('utf-8'))
@@ -278,7 +279,7 @@ def append_line(path: str, line: str):
           remaining = remaining[os.write(fd, remaining):]
       except OSError as error:  # a full disk: no half line stays
         os.ftruncate(fd, end)
-        raise _unwritable(path, error) from None
+        raise unwritable(path, error) from None
       finally:
         os.close(fd)
     return

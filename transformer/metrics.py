@@ -1,14 +1,17 @@
 """Training metrics: from per-step token sums to rates, written to metrics.jsonl and TensorBoard."""
 
+import contextlib
 import json
 import math
 import os
 import time
 
 import numpy as np
-from tensorboardX import SummaryWriter
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto import event_pb2
+from tensorboardX.summary import scalar, text
 
-from transformer.files import append_line
+from transformer.files import append_line, make_directory, unwritable
 
 
 def summarize(step_sums: list[dict]) -> dict:
@@ -37,7 +40,28 @@ class MetricsWriter:
     self.enabled = enabled
     if enabled:
       self.path = os.path.join(workdir, 'metrics.jsonl')
-      self.tensorboard = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self.tensorboard_dir = os.path.join(workdir, 'tensorboard')
+      make_directory(self.tensorboard_dir, '--workdir')
+      with self._writing_tensorboard():
+        self.tensorboard = EventsWriter(os.path.join(self.tensorboard_dir, 'events'))
+
+  @contextlib.contextmanager
+  def _writing_tensorboard(self):
+    """A TensorBoard write that fails (a full disk) raises DirectoryError, as metrics.jsonl's."""
+    try:
+      yield
+    except OSError as error:
+      raise unwritable(self.tensorboard_dir, error) from None
+
+  def _add(self, step: int, summaries: list):
+    """Writes `summaries` at `step` to the events file at once: tensorboardX's SummaryWriter
+    writes from a thread, which a full disk ends, after which the run would wait forever on the
+    thread's queue."""
+    with self._writing_tensorboard():
+      for summary in summaries:
+        self.tensorboard.write_event(event_pb2.Event(summary=summary, step=step,
+                                                     wall_time=time.time()))
+      self.tensorboard.flush()
 
   def write(self, step: int, values: dict, split: str | None = None):
     if not self.enabled:
@@ -46,20 +70,20 @@ class MetricsWriter:
     row = {'step': step, **({'split': split} if split else {}), 'time': time.time(), **values}
     append_line(self.path, json.dumps(row))
     prefix = f'{split}/' if split else 'train/'
-    for key, value in values.items():
-      if isinstance(value, (int, float)):
-        self.tensorboard.add_scalar(prefix + key, value, step)
-    self.tensorboard.flush()
+    self._add(step, [scalar(prefix + key, value) for key, value in values.items()
+                     if isinstance(value, (int, float))])
 
   def write_text(self, step: int, tag: str, markdown: str):
     """Text for TensorBoard's Text tab (rendered as markdown), under `tag` at `step`."""
     if self.enabled:
-      self.tensorboard.add_text(tag, markdown, step)
-      self.tensorboard.flush()
+      self._add(step, [text(tag, markdown)])
 
   def close(self):
     if self.enabled:
-      self.tensorboard.close()
+      try:
+        self.tensorboard.close()
+      except OSError:  # what failed was raised at its write
+        pass
 
 
 def log_line(step: int, total_steps: int, m: dict) -> str:
