@@ -10,6 +10,10 @@ or not at all. (eval.py averages the last config.average_last checkpoints in mem
 writing anything.)
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('average_checkpoints.py')
+
 import json
 import os
 import sys

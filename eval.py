@@ -15,6 +15,10 @@ its weights as they are, its generation_config.json's beam size and length penal
 --source_file and --reference_file given, scored in the target language of its model card.
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('eval.py')
+
 import json
 import os
 import sys

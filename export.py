@@ -15,6 +15,10 @@ vocabularies, config.json; float32, or --quantization=int8) and the same model c
 OUT must be new or empty; it appears whole or not at all.
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('export.py')
+
 import functools
 import json
 import os

@@ -7,6 +7,10 @@ Writes D/encoder_self_attention.png, D/decoder_self_attention.png and D/cross_at
 (default D: DIR/attention).
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('plot_attention.py')
+
 import os
 import sys
 

@@ -6,6 +6,10 @@ One picture, written to --output in the format its extension names (.png, .pdf, 
 default DIR/curves.png of the first workdir.
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('plot_curves.py')
+
 import os
 import sys
 

@@ -10,6 +10,10 @@ directory) reads them instead of doing it again. A download that fails names the
 by hand into config.manual_dir. Running it again does only what is missing.
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('prepare.py')
+
 import sys
 
 from absl import app, flags

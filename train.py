@@ -5,6 +5,10 @@ command on each with --coordinator_address=HOST:PORT --num_processes=N --process
 VMs and other clusters JAX knows are detected without them).
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('train.py')
+
 import gc
 import socket
 import sys
@@ -93,4 +97,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  commands.run(main, 'train.py', config_flag=True, sigterm_ends=False)
+  commands.run(main, 'train.py', config_flag=True)

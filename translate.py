@@ -9,6 +9,10 @@ last average_last checkpoints and its beam search settings unless the flags say 
 its weights as they are, with its generation_config.json's beam size and length penalty.
 """
 
+if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
+  from transformer import interrupts
+  interrupts.end_at_once('translate.py')
+
 import sys
 import time
 

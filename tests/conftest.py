@@ -73,14 +73,17 @@ def run_script(*args, stdin: str | bytes | None = None, timeout: float = 600,
 
 
 def popen_as_from_a_terminal(command: list[str], **kwargs) -> subprocess.Popen:
-  """subprocess.Popen(command, **kwargs) with Ctrl-C (SIGINT) the child's default: a suite started
-  as a background job ignores SIGINT, and an ignored signal stays ignored in a child, where a
-  handled one is the default again."""
-  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  """subprocess.Popen(command, **kwargs) with Ctrl-C (SIGINT) and SIGHUP the child's defaults: a
+  suite started as a background job ignores SIGINT, one under nohup SIGHUP (and a library of the
+  suite's may have ignored it), and an ignored signal stays ignored in a child, where a handled
+  one is the default again."""
+  before = {signum: signal.signal(signum, signal.default_int_handler)
+            for signum in (signal.SIGINT, signal.SIGHUP)}
   try:
     return subprocess.Popen(command, **kwargs)
   finally:
-    signal.signal(signal.SIGINT, before)
+    for signum, handler in before.items():
+      signal.signal(signum, handler)
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

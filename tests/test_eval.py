@@ -359,6 +359,32 @@ def test_a_failed_or_interrupted_evaluation_leaves_no_output_directory(workdir, 
     assert sorted(os.listdir(tmp_path)) == ['reference', 'source']
 
 
+@pytest.mark.parametrize('script', ['train.py', 'eval.py', 'translate.py'])
+def test_a_signal_while_a_command_imports_its_libraries_ends_it_in_one_line(workdir, tmp_path,
+                                                                           script):
+  """Python's own Ctrl-C was a page of import traceback here, or was dropped by JAX's garbage
+  collector callback and the command ran on."""
+  args = {'train.py': ('--config=configs/tiny.py', f'--workdir={tmp_path}/run'),
+          'eval.py': (f'--workdir={workdir}', f'--output_dir={tmp_path}/eval'),
+          'translate.py': (f'--workdir={workdir}', f'--output={tmp_path}/out')}[script]
+  for signum, status, said in ((signal.SIGINT, 130, 'Ctrl-C'), (signal.SIGHUP, 129, 'SIGHUP')):
+    process = popen_as_from_a_terminal(  # each import's time on stderr as it ends
+        [sys.executable, script, *args], cwd=ROOT, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, PYTHONPROFILEIMPORTTIME='1'))
+    for line in process.stderr:
+      if line.startswith('import time:') and line.split('|')[-1].strip() == 'jax._src.config':
+        break
+    else:
+      pytest.fail(f'{script} never imported jax._src.config')
+    process.send_signal(signum)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == status and 'Traceback' not in stderr, stderr[-3000:]
+    # The imports go on beside the line until the process ends, their times around it.
+    assert f'{script}: stopped by {said}; the files it was writing are as they were' in stderr
+    assert not [line for line in stderr.splitlines() if line.startswith(('I', 'W', 'E'))]
+    assert os.listdir(tmp_path) == []
+
+
 def test_sigterm_while_translate_py_loads_the_run_ends_it_at_once_with_nothing_written(
     workdir, tmp_path):
   (tmp_path / 'input').write_text('A man is riding a bicycle.\n' * 2000, encoding='utf-8')

@@ -318,24 +318,35 @@ def test_closing_the_evaluator_stops_compiling_ahead_after_the_program_at_hand(t
   assert len(searches._lowered) >= 2 and not searches.compiled
 
 
-def test_a_second_ctrl_c_ends_at_once_and_an_ignored_one_stays_ignored():
-  before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
-  try:
-    preemption = trainer._Preemption()
-    os.kill(os.getpid(), signal.SIGINT)
-    assert (preemption.received, preemption.signal_name) == (True, 'SIGINT')
-    with pytest.raises(KeyboardInterrupt):
-      os.kill(os.getpid(), signal.SIGINT)
-    preemption.restore()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+_TWO_CTRL_C = """
+import os, signal, sys, time
+from transformer import interrupts, trainer
+if sys.argv[1] == 'ignored':  # as for a script's background job
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+interrupts.end_at_once('train.py')
+preemption = trainer._Preemption()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(1)
+print(preemption.received, preemption.signal_name, flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(30)
+"""
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a script's background job
-    preemption = trainer._Preemption()
-    os.kill(os.getpid(), signal.SIGINT)
-    assert not preemption.received and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    preemption.restore()
-  finally:
-    signal.signal(signal.SIGINT, before)
+
+@pytest.mark.parametrize('case', ['terminal', 'ignored'])
+def test_a_second_ctrl_c_ends_at_once_and_an_ignored_one_stays_ignored(case):
+  process = popen_as_from_a_terminal([sys.executable, '-c', _TWO_CTRL_C, case], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  result = subprocess.CompletedProcess([], None, *process.communicate(timeout=600))
+  result.returncode = process.returncode
+  if case == 'ignored':
+    assert result.returncode == 0 and result.stdout == 'False a signal to another host\n'
+    return
+  assert result.returncode == 130 and result.stdout == 'True SIGINT\n', result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      'train.py: stopped by Ctrl-C; the files it was writing are as they were')
+  assert 'Ctrl-C: a checkpoint of this step, then the end; Ctrl-C again ends at once' in (
+      result.stderr)
 
 
 # train.py with one call of a phase made a library's long call (minutes in C, where Python runs

@@ -1,17 +1,14 @@
 """What the commands (train.py, eval.py, translate.py, ...) do around the library: read their
 flags, with the --config file flag's mistakes as one line, set up JAX for the run (its XLA flags,
-its compilation cache), and end a Ctrl-C or a SIGTERM in one line. The library itself touches none
-of these.
+its compilation cache, its backend), and end a Ctrl-C or a SIGTERM in one line. The library itself
+touches none of these.
 """
 
 import contextlib
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import traceback
 
 import jax
@@ -19,7 +16,7 @@ import ml_collections
 from absl import app, flags, logging
 from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 
-from transformer import files
+from transformer import files, interrupts
 from transformer import config as config_lib
 from transformer.config import ConfigError
 
@@ -152,27 +149,6 @@ def flags_parser(command: str):
   return parse
 
 
-def end_at_once_on_sigterm(command: str):
-  """Ends the process at once on SIGTERM (a preempted job, a scheduler's stop), even inside a
-  library's long call (a compilation, a beam search), where Python runs no handler until it
-  returns: a thread woken by the signal itself (`signal.set_wakeup_fd`) removes what was being
-  written (`files.stop_writing`), says so in one line and exits with SIGTERM's status, 143."""
-  woken, wakeup = socket.socketpair()
-  wakeup.setblocking(False)
-  signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the thread's to handle
-  signal.set_wakeup_fd(wakeup.fileno())
-
-  def end(sockets):  # both held here: a socket closes once nothing refers to it
-    while signal.SIGTERM not in sockets[0].recv(64):  # the numbers of the signals received
-      pass
-    files.stop_writing()
-    print(f'{command}: stopped by SIGTERM; the files it was writing are as they were',
-          file=sys.stderr, flush=True)
-    os._exit(128 + signal.SIGTERM)
-
-  threading.Thread(target=end, args=((woken, wakeup),), name='sigterm', daemon=True).start()
-
-
 def _paths(name: str, value):
   """(the flag or key, the value) of each string in a flag's value, a config's keys included."""
   if isinstance(value, (ml_collections.ConfigDict, dict)):
@@ -190,27 +166,21 @@ def check_buckets(flag_values: flags.FlagValues = flags.FLAGS):
       files.check_bucket(path, given_by)
 
 
-def run(main, command: str, config_flag: bool = False, sigterm_ends: bool = True):
-  """absl's `app.run(main)` for `command` (e.g. 'eval.py'): a Ctrl-C ends it with one line and
-  status 130, not a traceback, and so does a SIGTERM, with status 143, at once
-  (`end_at_once_on_sigterm`, unless `sigterm_ends` is False: train.py saves first); the files it
-  was writing are left as they were (`files.open_atomically`). With `config_flag`, a bad
-  --config ends it with one line too (`flags_parser`), and so does a bucket out of reach
-  (`check_buckets`)."""
-  if sigterm_ends:
-    end_at_once_on_sigterm(command)
+def run(main, command: str, config_flag: bool = False):
+  """absl's `app.run(main)` for `command` (e.g. 'eval.py'): a Ctrl-C, a SIGTERM or a SIGHUP ends
+  it at once in one line (`interrupts.end_at_once`, which the command's script starts before its
+  imports), the files it was writing left as they were; train.py's loop saves first. With
+  `config_flag`, a bad --config ends it with one line too (`flags_parser`), and so does a bucket
+  out of reach (`check_buckets`)."""
+  interrupts.end_at_once(command)
 
-  def interruptible(argv):
+  def checked(argv):
     try:
       check_buckets()
-      return main(argv)
     except files.DirectoryError as error:  # a bucket out of reach
       sys.exit(f'{command}: {error}')
-    except KeyboardInterrupt:
-      print(f'{command}: stopped by Ctrl-C; the files it was writing are as they were',
-            file=sys.stderr)
-      sys.exit(130)
-  app.run(interruptible, **({'flags_parser': flags_parser(command)} if config_flag else {}))
+    return main(argv)
+  app.run(checked, **({'flags_parser': flags_parser(command)} if config_flag else {}))
 
 
 def start_backend():

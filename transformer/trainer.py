@@ -26,7 +26,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import config as config_lib
-from transformer import bleu, data, lock, metrics, model, train_step, translate
+from transformer import bleu, data, interrupts, lock, metrics, model, train_step, translate
 from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, on_schedule,
                                     state_shapes)
 from transformer.data import vocabulary
@@ -116,7 +116,9 @@ class _Preemption:
     threading.Thread(target=self._end_at_once, name='preemption', daemon=True).start()
 
   def _end_at_once(self):
-    """Exits as soon as one of the signals arrives while there is nothing to save."""
+    """Exits as soon as one of the signals arrives while there is nothing to save, or a second
+    Ctrl-C arrives; another signal a command ends on (SIGHUP) ends it too."""
+    interrupts_seen = 0
     while True:
       try:
         signums = self._wakeup.recv(64)
@@ -124,6 +126,12 @@ class _Preemption:
         return
       if not signums:
         return
+      for signum in signums:
+        if signum not in self._previous and signum in interrupts.SIGNALS:
+          interrupts.end_now(signum)
+      interrupts_seen += signums.count(signal.SIGINT)
+      if interrupts_seen >= 2:
+        interrupts.end_now(signal.SIGINT)
       received = [signum for signum in signums if signum in self._previous]
       line = self.nothing_to_save
       if received and line is not None:
@@ -134,10 +142,9 @@ class _Preemption:
 
   def _handle(self, signum, frame):
     del frame
-    self.received, self.signal_name = True, signal.Signals(signum).name
-    if signum == signal.SIGINT:
-      signal.signal(signum, self._previous[signum])
+    if signum == signal.SIGINT and not self.received:
       logging.warning('Ctrl-C: a checkpoint of this step, then the end; Ctrl-C again ends at once')
+    self.received, self.signal_name = True, signal.Signals(signum).name
 
   def restore(self):
     for signum, previous in self._previous.items():
