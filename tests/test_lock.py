@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,34 @@ def test_a_second_train_py_on_a_workdir_in_use_names_the_first_and_writes_nothin
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '40']
   # The lock names no one once its run has ended.
   assert os.path.getsize(os.path.join(workdir, lock.LOCK_FILE)) == 0
+
+
+def two_hosts_refused(workdir: str, env: dict) -> list[str]:
+  """The last stderr lines of the two processes of a two-host train.py on `workdir`, whose lock
+  the caller holds; both must stop at once, with status 1 and one line."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  processes = [subprocess.Popen(
+      [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
+       f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT, env=dict(env, XLA_FLAGS='--xla_force_host_platform_device_count=1'),
+      stderr=subprocess.PIPE, text=True) for i in range(2)]
+  errors = [process.communicate(timeout=600)[1] for process in processes]
+  for process, stderr in zip(processes, errors):
+    assert process.returncode == 1 and 'Traceback' not in stderr, stderr[-3000:]
+  return [stderr.strip().splitlines()[-1] for stderr in errors]
+
+
+def test_the_hosts_of_a_multi_host_run_all_stop_on_a_held_lock(tmp_path):
+  workdir = str(tmp_path / 'run')
+  os.mkdir(workdir)
+  with lock.hold(workdir):
+    first, second = two_hosts_refused(workdir, dict(os.environ))
+  assert first.startswith(f'train.py: {workdir} is in use by another run (pid {os.getpid()} on '
+                          f'host {socket.gethostname()}, started ')
+  assert second == (f'train.py: {workdir} is in use by another run (process 0 says which)')
+  assert os.listdir(workdir) == [lock.LOCK_FILE]
 
 
 def test_a_lock_left_by_a_dead_run_does_not_block_and_a_held_one_does(tmp_path):

@@ -17,6 +17,7 @@ from etils import epath
 
 from configs import multi30k as multi30k_config
 from conftest import error_line
+from test_lock import two_hosts_refused
 from transformer import data, files, lock
 from transformer.data import multi30k
 
@@ -149,6 +150,17 @@ def test_a_workdir_in_a_bucket_is_held_by_one_run_at_a_time(emulator_env):
   assert error_line(result).startswith(f'train.py: {workdir} is in use by another run (pid '
                                        f'{os.getpid()} on host {socket.gethostname()}, started ')
   assert not epath.Path(f'{workdir}/{lock.LOCK_FILE}').exists()  # released: removed
+
+
+def test_the_hosts_of_a_multi_host_run_all_stop_on_a_held_bucket_lock(emulator_env):
+  workdir = f'{BUCKET}/runs/held_by_two_hosts'
+  with lock.hold(workdir):
+    first, second = two_hosts_refused(workdir, emulator_env)
+  assert first.startswith(f'train.py: {workdir} is in use by another run (pid {os.getpid()} on '
+                          f'host {socket.gethostname()}, started ')
+  assert second == f'train.py: {workdir} is in use by another run (process 0 says which)'
+  for name in (lock.LOCK_FILE, 'config.json'):  # the lock released, nothing written
+    assert not epath.Path(f'{workdir}/{name}').exists()
 
 
 @pytest.mark.slow

@@ -26,8 +26,9 @@ def end_now(signum: int):
   if files is not None:
     files.stop_writing()
   command = _command[0] if _command else os.path.basename(sys.argv[0])
-  print(f'{command}: stopped by {_NAMES.get(signum, signal.Signals(signum).name)}; the files it '
-        'was writing are as they were', file=sys.stderr, flush=True)
+  name = _NAMES.get(signum, signal.Signals(signum).name)
+  print(f'{command}: stopped by {name}; the files it was writing are as they were',
+        file=sys.stderr, flush=True)
   os._exit(128 + signum)
 
 
