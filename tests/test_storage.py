@@ -130,6 +130,7 @@ def test_a_bucket_out_of_reach_gets_one_line(case, tmp_path):
                      "'.[gcs]'"}[case]
   for command in (('train.py', '--config=configs/tiny.py', f'--workdir={BUCKET}/run'),
                   ('translate.py', f'--workdir={BUCKET}/run'),
+                  ('plot_curves.py', f'--workdir={tmp_path}', f'--workdir={BUCKET}/run'),
                   ('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run',
                    '--config.dataset=text', f'--config.train_files={BUCKET}/{{lang}}.gz')):
     result = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, input='a\n',

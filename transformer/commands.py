@@ -150,10 +150,14 @@ def flags_parser(command: str):
 
 
 def _paths(name: str, value):
-  """(the flag or key, the value) of each string in a flag's value, a config's keys included."""
+  """(the flag or key, the value) of each string in a flag's value: a list's (a repeated flag),
+  a config's keys'."""
   if isinstance(value, (ml_collections.ConfigDict, dict)):
     for key, item in value.items():
       yield from _paths(f'{name.lstrip("-")}.{key}', item)
+  elif isinstance(value, (list, tuple)):
+    for item in value:
+      yield from _paths(name, item)
   elif isinstance(value, str):
     yield name, value
 
