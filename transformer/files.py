@@ -3,7 +3,6 @@ reader never sees half of one."""
 
 import contextlib
 import errno
-import functools
 import hashlib
 import io
 import os
@@ -45,7 +44,6 @@ def is_remote(path: str) -> bool:
   return '://' in os.fspath(path)
 
 
-@functools.cache
 def check_bucket(path: str, given_by: str):
   """Fails within seconds where the bucket of the gs:// `path` cannot be reached: no gcsfs, or
   no route to Cloud Storage (or to STORAGE_EMULATOR_HOST), where gcsfs would retry for ~90 s,
