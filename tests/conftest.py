@@ -4,6 +4,7 @@ prepared-data directory, where Multi30k is, and a trained tiny run for the tests
 import atexit
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -61,13 +62,16 @@ def float32_matmuls():
 
 
 def run_script(*args, stdin: str | bytes | None = None, timeout: float = 600,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+               env: dict[str, str] | None = None,
+               max_file_bytes: int | None = None) -> subprocess.CompletedProcess:
   """`python ARGS` in the repository root, on two simulated devices, with the variables of `env`
-  set; its output as text."""
+  set, and no file it writes over `max_file_bytes` (as on a full disk); its output as text."""
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', **(env or {}))
+  limit = None if max_file_bytes is None else (
+      lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes)))
   result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           input=stdin.encode() if isinstance(stdin, str) else stdin,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=limit)
   return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
                                      result.stderr.decode())
 

@@ -207,6 +207,19 @@ def test_an_average_cut_short_leaves_nothing_that_blocks_its_rerun(workdir, tmp_
   assert sorted(os.listdir(out)) == ['checkpoints', 'config.json', 'vocab']
 
 
+
+def test_an_average_that_a_full_disk_stops_says_so_in_one_line_and_leaves_nothing(workdir,
+                                                                                  tmp_path):
+  out = tmp_path / 'averaged'
+  result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
+                      f'--output_dir={out}', max_file_bytes=100_000)  # a checkpoint: ~600 kB
+  assert re.fullmatch(
+      rf'average_checkpoints.py: checkpoint \d+ could not be written to {tmp_path}/\.averaged\.'
+      r'tmp-\w+/checkpoints \(File too large; a checkpoint takes 0\.\d\d MiB, [\d.]+ MiB are '
+      r'free there\): the average was not written; free space and run the same command again',
+      error_line(result)), result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr and os.listdir(tmp_path) == []
+
 def test_translate_command_reads_stdin(workdir, tmp_path):
   config = config_lib.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')

@@ -4,6 +4,7 @@ file sizes, which fails a write the same way)."""
 
 import errno
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -79,3 +80,20 @@ def test_a_file_written_through_a_symbolic_link_replaces_its_target_and_keeps_th
   assert os.readlink(tmp_path / 'link.txt') == 'target.txt'
   assert (tmp_path / 'target.txt').read_text(encoding='utf-8') == 'new\n'
   assert sorted(os.listdir(tmp_path)) == ['link.txt', 'target.txt']
+
+
+def test_a_directory_another_process_fills_first_is_left_as_it_is(tmp_path):
+  """Two commands writing one new OUT at once (export.py, average_checkpoints.py): the second to
+  finish leaves the first's OUT and none of its own files, and says so in one line."""
+  out = tmp_path / 'out'
+
+  def write(staging):  # meanwhile, the other process publishes its OUT
+    (pathlib.Path(staging) / 'mine.txt').write_text('mine')
+    out.mkdir()
+    (out / 'theirs.txt').write_text('theirs')
+
+  with pytest.raises(files.DirectoryError) as error:
+    files.write_directory(str(out), write)
+  assert str(error.value) == (f'{out} was filled meanwhile, by another process; it is left as it '
+                              'is: give a new directory')
+  assert sorted(map(str, tmp_path.rglob('*'))) == [str(out), f'{out}/theirs.txt']

@@ -360,6 +360,11 @@ def test_export_refuses_what_marian_cannot_hold_before_any_work(tiny_run, tmp_pa
   assert 'export.py: ' in error_line(result) and not (tmp_path / 'avg').exists()
   result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={full}/x/out')
   assert f'--output_dir: {full}/x/out cannot be made a directory' in error_line(result)
+  for format_name in ('transformers', 'ctranslate2'):  # a full disk: one line, nothing left
+    result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={tmp_path}/big',
+                        f'--format={format_name}', max_file_bytes=50_000)
+    assert error_line(result) == f'export.py: {tmp_path}/big could not be written (File too large)'
+    assert sorted(os.listdir(tmp_path)) == ['full', 'layer_norm', 'positional_encoding']
 
 
 def opus_mt_directory(path, tiny_texts) -> str:

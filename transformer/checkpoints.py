@@ -84,16 +84,19 @@ class Checkpoints:
     keep: how many of the newest scheduled checkpoints to keep; None keeps all.
     scheduled: whether a step is on the run's schedule (`on_schedule`); None: every step.
     read_only: only read: nothing is made or removed (a run may be writing them).
+    after_failure: what a save that fails means and what to do, for its error; None: training's
+      (the run stops; resume with the same command).
 
   Raises:
     CheckpointError: `<workdir>/checkpoints` cannot be a directory (a file in its place).
   """
 
   def __init__(self, workdir: str, keep: int | None = None, scheduled=None,
-               read_only: bool = False):
+               read_only: bool = False, after_failure: str | None = None):
     logging.get_absl_handler().addFilter(_orbax_warnings_only)  # once: a filter is a set member
     self.directory = os.path.join(files.absolute(workdir), CHECKPOINTS_DIR)
     self.keep, self.scheduled = keep, scheduled or (lambda step: True)
+    self._after_failure = after_failure
     try:
       self.manager = ocp.CheckpointManager(
           self.directory, item_names=(STATE, META, LAYOUT),
@@ -292,11 +295,14 @@ class Checkpoints:
     space = f'a checkpoint takes {size / 2**20:.2f} MiB'
     if (free := files.free_mib(self.directory)) is not None:
       space += f', {free:.2f} MiB are free there'
+    unwritten = (f'checkpoint {step} could not be written to {self.directory} ({reason[:300]}; '
+                 f'{space})')
+    if self._after_failure is not None:
+      return f'{unwritten}: {self._after_failure}'
     written = [s for s in self.manager.all_steps() if s != step]
     kept = (f'the latest checkpoint, step {written[-1]}, is whole' if written else
             'no checkpoint was written before it')
-    return (f'checkpoint {step} could not be written to {self.directory} ({reason[:300]}; '
-            f'{space}): training stopped; {kept}. Free space (or lower keep_checkpoints) and '
+    return (f'{unwritten}: training stopped; {kept}. Free space (or lower keep_checkpoints) and '
             'run the same command again to resume')
 
   def wait(self):
@@ -321,7 +327,11 @@ class Checkpoints:
     finally:
       if self._saver is not None:
         self._saver.shutdown()
-      self.manager.close()
+      try:
+        self.manager.close()
+      except Exception:  # Orbax raises a failed save's error again: already a CheckpointError
+        if self._failed is None:
+          raise
       if self._failed is not None:  # writes in flight when it failed may have made more
         self._remove_unwritten(self._failed)
 
@@ -460,7 +470,8 @@ def write_average(workdir: str, output_workdir: str, config, last: int,
     newest, meta = source.restore(steps[-1], state_shapes(config))
   finally:
     source.close()
-  target = Checkpoints(output_workdir)
+  target = Checkpoints(output_workdir, after_failure='the average was not written; free '
+                       'space and run the same command again')
   try:
     target.save(steps[-1], {'params': params, 'opt_state': newest['opt_state']},
                 dict(meta, averaged_steps=steps))

@@ -132,7 +132,12 @@ def made_for_the_block(path: str, given_by: str):
 def write_directory(path: str, write):
   """write(staging) on a new directory beside the local directory `path`, which is absent or
   empty, then the staging directory moved into its place: `path` holds the whole of it or
-  nothing, whenever the process stops. Returns what `write` returns."""
+  nothing, whenever the process stops. Returns what `write` returns.
+
+  Raises:
+    DirectoryError: a write failed (a full disk), or another process filled `path` meanwhile;
+      nothing of this one's is left.
+  """
   absolute_path = os.path.abspath(path)
   staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(absolute_path)}.tmp-',
                              dir=os.path.dirname(absolute_path))
@@ -140,12 +145,20 @@ def write_directory(path: str, write):
   try:
     result = write(staging)
     os.chmod(staging, 0o755)  # mkdtemp's is the owner's alone
-    if os.path.isdir(path):
-      os.rmdir(path)  # empty
-    os.replace(staging, path)
+    try:
+      if os.path.isdir(path):
+        os.rmdir(path)  # empty
+      os.replace(staging, path)
+    except OSError as error:
+      if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+        raise
+      raise DirectoryError(f'{path} was filled meanwhile, by another process; it is left as it '
+                           'is: give a new directory') from None
     return result
-  except BaseException:
+  except BaseException as error:
     shutil.rmtree(staging, ignore_errors=True)
+    if isinstance(error, OSError):  # a full disk
+      raise unwritable(path, error) from None
     raise
   finally:
     _STAGING.discard(staging)
