@@ -3,23 +3,29 @@ a machine without a TPU, before renting one.
 
   pip install -e '.[tpu]'  # libtpu, whose compile-only client needs no TPU
   python -m benchmarks.tpu_plan --config=configs/wmt14.py:big,en-de --topology=v4:2x2x4
-      [--config.key=value ...] [--name=NAME]
+      [--config.key=value ...] [--lengths_from=TOKEN_STORE] [--name=NAME]
 
 libtpu compiles for a named slice (`jax.experimental.topologies`), as MaxText's train_compile does,
 laid out as a Cloud TPU VM slice of that shape is: one JAX device per chip, hosts of 4 chips (of 8
 for v5e and v6e slices of up to 8 chips). The programs are train.py's on that slice, pmapped over
 all its devices, as every host runs them: the train step (with grad_accum_steps > 1, its
-gradient, accumulation and update programs) at the per-device batch that tokens_per_batch, the
-device count and grad_accum_steps give; the evaluation step on it; and beam search at the decode
+gradient, accumulation and update programs), the evaluation step and beam search at the decode
 batch (decode_batch_tokens). The implementations are those a TPU runs (`kernels.choice`): none of
-the GPU kernels. Train batches are taken at their longest bucket, `max_length`, with rows full of
-real tokens: the real batches' padding adds some to the temporaries. For each program it prints,
-per device: the parameters and optimizer state, the temporaries, the total against the memory
-libtpu lets a program take (a little under the chip's HBM, whose size from Google's pages is
-shown beside it), the compiled FLOPs against the model FLOPs train.py logs (6 per parameter and
-token), the tokens, the compile seconds and whether it fits. A program that does not fit ends
-the command with status 1 and a line saying what to change. --name=NAME also puts the plan in
-benchmarks/results/NAME.{json,md}, a row per config and slice.
+the GPU kernels.
+
+A batch holds a device's share of tokens_per_batch in real tokens, and padding besides: rows are
+as many as hold the budget at the mean real tokens per row of their length (`batching`), so the
+shapes depend on the pairs' lengths. They are taken from a train split's token store
+(--lengths_from, the directory prepare.py names for it) or else from WMT-like lengths
+(`stand_in_lengths`), and the train step is compiled at the shapes that take the most memory
+(`batch_shapes`): packed, the one shape of max_length rows; in length buckets, the longest at the
+most rows it can have, and the one with the most [rows x length] slots. For each program it
+prints, per device: the parameters and optimizer state, the temporaries, the total against the
+memory libtpu lets a program take (a little under the chip's HBM, whose size from Google's pages
+is shown beside it), the compiled FLOPs against the model FLOPs of the real tokens (6 per
+parameter and token, as train.py logs them), the compile seconds and whether it fits. A program
+that does not fit ends the command with status 1 and a line saying what to change. --name=NAME
+also puts the plan in benchmarks/results/NAME.{json,md}, a row per config and slice.
 """
 
 import math
@@ -43,7 +49,7 @@ from ml_collections import config_flags  # noqa: E402
 from benchmarks.measure import add_row  # noqa: E402
 from transformer import commands, model, train_step  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
-from transformer.data import batching  # noqa: E402
+from transformer.data import batching, token_store  # noqa: E402
 from transformer.kernels import choice, packing  # noqa: E402
 from transformer.translate import (decode_batches, search_function,  # noqa: E402
                                    source_tokens_per_device)
@@ -58,6 +64,8 @@ HBM = {
     'TPU v6 lite': (32 * 10**9, 'https://cloud.google.com/tpu/docs/v6e (32 GB)'),
 }
 GIB = 2**30
+SAMPLE_PAIRS = 200_000  # pairs whose lengths give the batch shapes: their means settle well before
+STAND_IN = 'WMT-like lengths (stand_in_lengths)'
 # libtpu's line for a program over a device's memory; its "temporaries" count the arguments too.
 _OVER = re.compile(r'temporaries \(([\d.]+[KMGT])\) exceeds available HBM \(([\d.]+[KMGT])\)')
 
@@ -111,13 +119,61 @@ def available_hbm(devices) -> int:
                   f'{devices[0].device_kind}: its available memory is unknown')
 
 
-def batch_shapes(config, devices: int) -> tuple[dict, int]:
-  """(train.py's batch of one micro-step as [devices, rows, max_length] shapes, rows); rows hold
-  tokens_per_batch / (devices * grad_accum_steps) tokens per side."""
+def stand_in_lengths(pairs: int = SAMPLE_PAIRS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """WMT-like (source, target) lengths in tokens, EOS included: sentence lengths lognormal with
+  sigma 0.6, as benchmarks.wmt_scale generates its WMT14-sized corpus, at the median (25 tokens)
+  that gives its 31 tokens a side on average; the target the source's length x lognormal(0,
+  0.2)."""
+  rng = np.random.default_rng(seed)
+  source = np.maximum(1, np.rint(rng.lognormal(np.log(25), 0.6, pairs)))
+  target = np.maximum(1, np.rint(source * rng.lognormal(0, 0.2, pairs)))
+  return source.astype(np.int64) + 1, target.astype(np.int64) + 1
+
+
+def stored_lengths(directory: str) -> tuple[np.ndarray, np.ndarray]:
+  """The (source, target) lengths of a split's token store (the directory prepare.py names for
+  it), a random SAMPLE_PAIRS of them at most."""
+  try:
+    source, target = (token_store.load_array(os.path.join(directory, f'{side}_lengths.npy'))
+                      for side in token_store.SIDES)
+  except (OSError, ValueError) as error:
+    raise PlanError(f'--lengths_from={directory}: not a token store ({error}); give the '
+                    'directory prepare.py names for the train split') from None
+  if len(source) != len(target):
+    raise PlanError(f'--lengths_from={directory}: {len(source)} source and {len(target)} '
+                    'target lengths; prepare the split again')
+  sample = np.sort(np.random.default_rng(0).permutation(len(source))[:SAMPLE_PAIRS])
+  return np.asarray(source[sample]), np.asarray(target[sample])
+
+
+def batch_shapes(config, devices: int, lengths) -> dict:
+  """The [rows, length] of the train batches whose memory bounds that of every batch train.py
+  builds from pairs of `lengths`, and of the evaluation batch; rows hold the real tokens of a
+  device's micro-batch (tokens_per_batch / (devices * grad_accum_steps) a side) and padding.
+
+  Packed, every batch is max_length rows, as many as hold the budget at the mean fill of packed
+  rows. In length buckets, the two that take the most: the longest bucket at as many rows as it
+  can have (each row there holds more tokens than the next shorter bucket's length, whatever the
+  data), and the bucket with the most [rows x length] slots, at the budget over the mean real
+  tokens of its rows. Evaluation batches are packed (`batching.eval_batches`).
+  """
   tokens = config.tokens_per_batch // (devices * config.grad_accum_steps)
-  rows = -(-tokens // config.max_length)
-  shape = jax.ShapeDtypeStruct((devices, rows, config.max_length), np.int32)
-  return {name: shape for name in batching.batch_names(config.packing)}, rows
+  empty = [token_store.Ragged(np.zeros(int(side.sum()), np.uint8), side) for side in lengths]
+  tokenized = token_store.Tokenized('lengths', *empty)
+  buckets = batching.bucket_lengths(config.max_length)
+
+  def budget_rows(pack_rows: bool) -> list[int]:  # per bucket length, as train.py's plan has them
+    shards = batching.split_shards(tokenized, config, range(1), 1, pack_rows)
+    return batching.budget_rows(batching.shard_table(shards), tokens)
+
+  packed = (budget_rows(True)[-1], config.max_length)
+  if config.packing or len(buckets) == 1:
+    train = [packed]
+  else:
+    rows = budget_rows(False)
+    most_slots = max(zip(rows, buckets), key=lambda shape: shape[0] * shape[1])
+    train = list(dict.fromkeys([(-(-tokens // (buckets[-2] + 1)), buckets[-1]), most_slots]))
+  return {'tokens': tokens, 'train': train, 'eval': packed}
 
 
 def replicated(tree, devices: int):
@@ -155,8 +211,9 @@ def compile_program(function, devices, donate: tuple, *args) -> dict:
                                                 compiled.as_text())))}
 
 
-def plan(config, topology: str) -> dict:
-  """The figures of each program of `config` on `topology` (see the module's docstring)."""
+def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
+  """The figures of each program of `config` on `topology` (see the module's docstring), its
+  batches shaped for pairs of `lengths` ((source, target) tokens; `stand_in_lengths` if None)."""
   config_lib.validate(config)
   where = slice_of(topology)
   devices, count = where['devices'], len(where['devices'])
@@ -167,32 +224,46 @@ def plan(config, topology: str) -> dict:
   state_bytes = {part: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
                  for part, tree in (('params', state.params), ('opt_state', state.opt_state))}
   encoder, decoder = model.parameters_per_token(steps.param_shapes)
-  batch, rows = batch_shapes(config, count)
-  tokens = rows * config.max_length  # per device and micro-step, each side
+  shapes = batch_shapes(config, count, stand_in_lengths() if lengths is None else lengths)
   states = replicated(state, count)
-  programs = {}
-  if config.grad_accum_steps == 1:
-    programs['train_step'] = compile_program(steps.train_step, devices, (0,), states, batch)
-  else:
+
+  def batch(rows: int, length: int) -> dict:
+    shape = jax.ShapeDtypeStruct((count, rows, length), np.int32)
+    return {name: shape for name in batching.batch_names(config.packing)}
+
+  programs, longest = {}, shapes['train'][0]
+  for rows, length in shapes['train']:
+    name = f'{rows}x{length}'
+    if config.grad_accum_steps == 1:
+      programs[f'train_step {name}'] = compile_program(steps.train_step, devices, (0,), states,
+                                                       batch(rows, length))
+      continue
     micro = jax.ShapeDtypeStruct((count,), np.int32)
-    programs['gradients'] = compile_program(steps.gradients, devices, (), states, batch, micro)
-    accumulated = jax.eval_shape(jax.pmap(steps.gradients, train_step.AXIS), states, batch,
-                                 micro)
-    programs['accumulate'] = compile_program(steps.accumulate, devices, (3,), states, batch,
-                                             micro, accumulated)
+    programs[f'gradients {name}'] = compile_program(steps.gradients, devices, (), states,
+                                                    batch(rows, length), micro)
+    accumulated = jax.eval_shape(jax.pmap(steps.gradients, train_step.AXIS), states,
+                                 batch(rows, length), micro)
+    programs[f'accumulate {name}'] = compile_program(steps.accumulate, devices, (3,), states,
+                                                     batch(rows, length), micro, accumulated)
+  if config.grad_accum_steps > 1:  # the same program whatever the batch
     programs['apply_gradients'] = compile_program(steps.apply_gradients, devices, (0,), states,
                                                   *accumulated)
-  model_flops = 6 * (encoder + decoder) * tokens * config.grad_accum_steps
-  programs['eval_step'] = compile_program(steps.eval_step, devices, (), states.params, batch)
+  rows, length = shapes['eval']
+  programs[f'eval_step {rows}x{length}'] = compile_program(
+      steps.eval_step, devices, (), states.params, {
+          name: jax.ShapeDtypeStruct((count, rows, length), np.int32)
+          for name in batching.batch_names(True)})
   # A call of max_length sources, as Translator plans it.
   ((_, decode_rows, decode_length),) = decode_batches(
       [config.max_length], source_tokens_per_device(implementations, config.beam_size), 1)
   search = search_function(config, implementations, config.beam_size, config.alpha)
-  programs['beam_search'] = compile_program(
+  programs[f'beam_search {decode_rows}x{decode_length}'] = compile_program(
       search, devices, (), replicated(steps.param_shapes, count),
       jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32))
-  calls_per_update = {'train_step': 1, 'gradients': 1, 'accumulate': config.grad_accum_steps - 1,
-                      'apply_gradients': 1}
+  # Per update, at the longest batch: its padding's FLOPs and attention's over max_length count.
+  shape = f'{longest[0]}x{longest[1]}'
+  calls_per_update = {f'train_step {shape}': 1, f'gradients {shape}': 1,
+                      f'accumulate {shape}': config.grad_accum_steps - 1, 'apply_gradients': 1}
   train_flops = sum(programs[name]['flops'] * calls for name, calls in calls_per_update.items()
                     if name in programs)
   return {'topology': topology, 'chip': where['kind'], 'chips': where['chips'],
@@ -201,10 +272,10 @@ def plan(config, topology: str) -> dict:
           'implementations': str(implementations),
           'state_bytes': state_bytes, 'parameters': sum(
               x.size for x in jax.tree_util.tree_leaves(steps.param_shapes)),
-          'train_rows': rows, 'max_length': config.max_length,
-          'tokens_per_device': tokens * config.grad_accum_steps,
-          'grad_accum_steps': config.grad_accum_steps, 'decode_rows': decode_rows,
-          'decode_length': decode_length, 'model_flops': model_flops,
+          'lengths': lengths_source or STAND_IN,
+          'train_shapes': shapes['train'], 'tokens_per_device': shapes['tokens'],
+          'grad_accum_steps': config.grad_accum_steps,
+          'model_flops': 6 * (encoder + decoder) * shapes['tokens'] * config.grad_accum_steps,
           'compiled_train_flops': train_flops, 'programs': programs}
 
 
@@ -221,7 +292,7 @@ def advice(result: dict, config) -> str | None:
           f'against {hbm / GIB:.2f} GiB')
   if fixed >= hbm:
     return f'{line}; its arguments alone take {fixed / GIB:.2f} GiB: take chips with more memory'
-  if name == 'beam_search':
+  if name.startswith('beam_search'):
     share = worst['temporaries'] / (hbm - fixed)
     tokens = int((config.decode_batch_tokens or 2**17) / share)
     return f'{line}; lower decode_batch_tokens to {tokens}'
@@ -242,6 +313,12 @@ def size(n: int) -> str:
   return f'{n / GIB:.2f} GiB' if n >= GIB / 10 else f'{n / 2**20:.1f} MiB'
 
 
+def shares(result: dict) -> list[str]:
+  """Each compiled train shape, and the share of its slots that the real tokens fill."""
+  return [f'{rows}x{length}: {result["tokens_per_device"] / (rows * length):.0%} real'
+          for rows, length in result['train_shapes']]
+
+
 def details(result: dict) -> str:
   """One plan in markdown: the slice, the state and batch, a row per program."""
   lines = [
@@ -254,12 +331,12 @@ def details(result: dict) -> str:
       '',
       f'{result["parameters"]:,} parameters and Adam state per device: '
       f'{size(result["state_bytes"]["params"])} + {size(result["state_bytes"]["opt_state"])}. '
-      f'Train batch per device: '
-      f'{result["grad_accum_steps"]} x {result["train_rows"]}x{result["max_length"]} '
-      f'({result["tokens_per_device"]:,} tokens a side); compiled train FLOPs '
-      f'{result["compiled_train_flops"]:.3g} against the model FLOPs {result["model_flops"]:.3g} '
-      f'({result["compiled_train_flops"] / max(result["model_flops"], 1):.2f}x). Beam search: '
-      f'{result["decode_rows"]}x{result["decode_length"]} sources.',
+      f'Train batches per device: {result["grad_accum_steps"]} x '
+      f'{result["tokens_per_device"]:,} real tokens a side and their padding, for '
+      f'{result["lengths"]}; compiled at the shapes that take the most '
+      f'({", ".join(shares(result))}). Compiled train FLOPs {result["compiled_train_flops"]:.3g} '
+      f'against the model FLOPs of the real tokens {result["model_flops"]:.3g} '
+      f'({result["compiled_train_flops"] / max(result["model_flops"], 1):.2f}x).',
       '',
       '| program | arguments | temporaries | total | of HBM | compile s | fits |',
       '| --- | --- | --- | --- | --- | --- | --- |']
@@ -272,9 +349,10 @@ def details(result: dict) -> str:
 
 def markdown(rows: dict) -> str:
   """Every plan in `rows` (label -> plan): a line each, then each one's details."""
-  def cell(plan, names):
-    total = max(plan['programs'][name]['total'] for name in names if name in plan['programs'])
-    fits = all(plan['programs'][name]['fits'] for name in names if name in plan['programs'])
+  def cell(plan, kinds):
+    programs = [p for name, p in plan['programs'].items() if name.split()[0] in kinds]
+    total = max(p['total'] for p in programs)
+    fits = all(p['fits'] for p in programs)
     return f'{size(total)} ({total / plan["hbm_per_device"]:.0%}){"" if fits else ", no"}'
 
   lines = ['Per device, against what libtpu lets a program take there:', '',
@@ -291,12 +369,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
-    result = plan(FLAGS.config, FLAGS.topology)
+    lengths = stored_lengths(FLAGS.lengths_from) if FLAGS.lengths_from else None
+    result = plan(FLAGS.config, FLAGS.topology, lengths,
+                  FLAGS.lengths_from and f'the lengths in {FLAGS.lengths_from}')
     result['command'] = ' '.join(['python -m benchmarks.tpu_plan', *sys.argv[1:]])
   except (config_lib.ConfigError, PlanError) as error:
     sys.exit(f'benchmarks.tpu_plan: {error}')
   if FLAGS.name:  # a row per config and slice; a new plan of the same replaces it
-    label = ' '.join(arg for arg in sys.argv[1:] if not arg.startswith(('--name', '--results_dir')))
+    label = ' '.join(arg for arg in sys.argv[1:]
+                     if not arg.startswith(('--name', '--results_dir')))
     add_row(FLAGS.results_dir, FLAGS.name, label, result, markdown)
   else:
     print(details(result))
@@ -308,6 +389,9 @@ if __name__ == '__main__':  # flags defined here only, so that tests can import 
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
   flags.DEFINE_string('topology', None, "A slice's topology, e.g. 'v5e:2x2' (v5e-4), "
                       "'v4:2x2x4' (v4-32), 'v5p:2x2x2', 'v6e:2x4'.")
+  flags.DEFINE_string('lengths_from', '', "A train split's token store (the directory "
+                      'prepare.py names for it): batches shaped for its pairs\' lengths instead '
+                      'of WMT-like ones.')
   flags.DEFINE_string('name', '', 'Write <results_dir>/<name>.{json,md} too.')
   flags.DEFINE_string('results_dir', os.path.join(os.path.dirname(__file__), 'results'),
                       'Where --name goes.')

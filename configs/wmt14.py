@@ -13,12 +13,12 @@ Cloud TPU slices each was compiled for here, as configs/default.py's (base,en-de
 (`python -m benchmarks.tpu_plan --config=configs/wmt14.py:big,en-de --topology=v4:2x2x4`; all:
 benchmarks/results/tpu_plan.md), with the share of a device's memory the largest train program
 and beam search take:
-  big,en-de on v4-32: fits; train step 18%, beam search 44%
-  big,en-de on v5p-16: fits; train step 7%, beam search 13%
-  big,en-de on v5e-4: fits; train step 55%, beam search 89%
-  big,en-de on v5e-1: fits; train step 94%, beam search 92%
-  base,en-fr on v5e-8: fits; train step 16%, beam search 43%
-  big,en-fr on v4-32: fits; train step 19%, beam search 41%
+  big,en-de on v4-32: fits; train step 19%, beam search 44%
+  big,en-de on v5e-4: fits; train step 64%, beam search 89%
+  big,en-de on v5e-1: does not fit; train step 115%, beam search 92% (tpu_plan: raise
+    grad_accum_steps to 2)
+  base,en-fr on v5e-8: fits; train step 19%, beam search 43%
+  big,en-fr on v4-32: fits; train step 20%, beam search 41%
 """
 
 from configs import default

@@ -22,8 +22,10 @@ from flax import traverse_util
 from benchmarks import hlo, profile_step, reproduce_multi30k, tpu_plan, wmt_scale, workload
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
-from configs import multi30k, tiny
+from configs import default, multi30k, tiny
+from conftest import error_line, run_script
 from transformer import decode
+from transformer.data import batching, token_store
 import test_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -854,7 +856,13 @@ def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_
   # Google's 16 GB a chip, of which libtpu lets a program take 15.75 GiB.
   assert (plan['hbm_chip'], plan['hbm_per_device']) == (16 * 10**9, 15.75 * 2**30)
   assert "attention='xla'" in plan['implementations']  # none of the GPU kernels on a TPU
-  assert list(plan['programs']) == ['train_step', 'eval_step', 'beam_search']
+  # Rows of 16 that hold the 256 real tokens of a device (1024 / 4) and their padding, at the mean
+  # fill of packed rows of WMT-like pairs; evaluation batches are packed the same.
+  (rows, length), = plan['train_shapes']
+  assert length == 16 and 256 / (rows * length) == pytest.approx(0.84, abs=0.08)
+  assert plan['lengths'] == tpu_plan.STAND_IN and plan['tokens_per_device'] == 256
+  assert list(plan['programs']) == [f'train_step {rows}x16', f'eval_step {rows}x16',
+                                    'beam_search 64x16']
   # XLA's own operations only: no kernel of ours (a Pallas one would be a 'tpu_custom_call', as
   # the next test shows), no GPU library.
   assert kernel_calls(plan) == []
@@ -865,12 +873,12 @@ def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_
   parameters = test_model.expected_parameter_count(config.vocab_size, 32, 64, 2, 2)
   assert plan['parameters'] == parameters
   assert plan['state_bytes'] == {'params': 4 * parameters, 'opt_state': 2 * 4 * parameters + 8}
-  # The train step's arguments: the state (with its int32 step) and the batch, 16 rows of 16
-  # (1024 tokens / 4 devices), of which a TPU lays out each small array in (8, 128) tiles.
+  # The train step's arguments: the state (with its int32 step) and the batch, of which a TPU
+  # lays out each small array in (8, 128) tiles.
   arrays = 2 * (1 + 2 * config.packing)  # sources, targets (+ segment ids, positions)
   state = 12 * parameters + 12
-  assert state + arrays * 16 * 16 * 4 <= plan['programs']['train_step']['arguments'] <= (
-      state + arrays * 16 * 128 * 4 + 3 * 512)
+  assert state + arrays * rows * 16 * 4 <= plan['programs'][f'train_step {rows}x16'][
+      'arguments'] <= state + arrays * -(-rows // 8) * 8 * 128 * 4 + 3 * 512
   # XLA's count of the step's FLOPs is near the model FLOPs train.py logs.
   assert 1 <= plan['compiled_train_flops'] / plan['model_flops'] < 1.6
 
@@ -880,7 +888,7 @@ def test_tpu_plan_says_what_to_change_where_a_config_does_not_fit(tmp_path):
                     '--config.tokens_per_batch=8000000')
   assert result.returncode == 1, result.stderr[-3000:]
   line = result.stderr.strip().splitlines()[-1]
-  assert re.fullmatch(r'benchmarks.tpu_plan: train_step does not fit v5e-4 \(v5e:2x2\): [\d.]+ '
+  assert re.fullmatch(r'benchmarks.tpu_plan: train_step \d+x16 does not fit v5e-4 \(v5e:2x2\): [\d.]+ '
                       r'GiB per device against [\d.]+ GiB; raise grad_accum_steps to \d+ \(or '
                       r'lower tokens_per_batch, or take more chips\)', line), line
   steps = int(re.search(r'grad_accum_steps to (\d+)', line)[1])
@@ -918,15 +926,58 @@ def test_tpu_plan_lays_slices_out_as_cloud_tpu_vms_have_them():
       'calls': ['tpu_custom_call']}  # a Pallas kernel, as the plans would show one
 
 
-def test_tpu_plan_compiles_the_programs_of_a_slice_of_several_hosts(tmp_path):
-  """v4-32: 16 chips on 4 hosts, each host running the program pmapped over all 16."""
-  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v4:2x2x4')
+def test_tpu_plan_compiles_the_programs_of_a_slice_of_several_hosts_for_a_split_s_lengths(
+    tmp_path):
+  """v4-32: 16 chips on 4 hosts, each host running the program pmapped over all 16; the batches
+  shaped for the lengths of a train split prepare.py stored."""
+  prepared = run_script('prepare.py', '--config=configs/tiny.py',
+                        f'--config.tfds_data_dir={tmp_path}')
+  assert prepared.returncode == 0, prepared.stderr[-3000:]
+  (store,) = [line.split(': ')[-1] for line in prepared.stdout.splitlines()
+              if line.startswith('synthetic (train)')]
+  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v4:2x2x4',
+                        f'--lengths_from={store}')
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / 'plan.json') as f:
     (plan,) = json.load(f).values()
   assert (plan['chip'], plan['devices'], plan['hosts']) == ('TPU v4', 16, 4)
-  assert plan['train_rows'] == tiny.get_config().tokens_per_batch // 16 // 16  # rows of 16
+  assert plan['lengths'] == f'the lengths in {store}'
+  lengths = tuple(np.load(os.path.join(store, f'{side}_lengths.npy'))
+                  for side in ('source', 'target'))
+  shapes = tpu_plan.batch_shapes(tiny.get_config(), 16, lengths)
+  assert plan['train_shapes'] == [list(shapes['train'][0])]  # 64 tokens a device, and padding
   assert all(program['fits'] for program in plan['programs'].values())
+  # A directory that is not a token store: one line, before anything is compiled.
+  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v4:2x2x4',
+                        f'--lengths_from={tmp_path}/absent')
+  assert result.returncode == 1 and error_line(result).startswith(
+      f'benchmarks.tpu_plan: --lengths_from={tmp_path}/absent: not a token store (')
+  assert error_line(result).endswith("give the directory prepare.py names for the train split")
+
+
+@pytest.mark.parametrize('packing, max_length, devices', [(False, 256, 8), (False, 64, 1),
+                                                           (True, 64, 4)])
+def test_tpu_plan_s_train_shapes_take_what_train_py_s_largest_batches_take(packing, max_length,
+                                                                          devices):
+  """For the same pairs, no batch of train.py's plan has more rows at max_length than the plan's
+  longest shape, more [rows x length] slots than its shapes have, or more slots x length
+  (attention's); and the plan's slots are within 1/3 of the fullest batch's."""
+  config = default.get_config()
+  config.update(max_length=max_length, packing=packing)
+  lengths = tpu_plan.stand_in_lengths(100_000)
+  shapes = tpu_plan.batch_shapes(config, devices, lengths)
+  tokenized = token_store.Tokenized('lengths', *(
+      token_store.Ragged(np.zeros(side.sum(), np.uint8), side) for side in lengths))
+  shards = batching.split_shards(tokenized, config, range(devices), devices, packing)
+  counts, rows = batching.plan_rows(batching.shard_table(shards), shapes['tokens'])
+  built = [(r, length) for r, length, n in zip(rows, batching.bucket_lengths(max_length), counts)
+           if n]
+  assert max(r for r, length in built if length == max_length) <= shapes['train'][0][0]
+  for cost in (lambda r, length: r * length, lambda r, length: r * length * length):
+    assert max(cost(*shape) for shape in built) <= max(cost(*shape) for shape in shapes['train'])
+  most = max(r * length for r, length in built)
+  assert most <= max(r * length for r, length in shapes['train']) < 4 / 3 * most
+  assert shapes['eval'][1] == max_length
 
 
 def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures():
@@ -943,7 +994,8 @@ def test_each_wmt_config_names_the_slices_it_was_compiled_for_with_their_figures
     checked.add((path, arg))
     with open(os.path.join(ROOT, path)) as f:
       docstring = ast.get_docstring(ast.parse(f.read()))
-    shares = {name: max(p['total'] for n, p in plan['programs'].items() if n in names) /
+    shares = {name: max(p['total'] for n, p in plan['programs'].items()
+                        if n.split()[0] in names) /
               plan['hbm_per_device'] for name, names in (
                   ('train step', ('train_step', 'gradients', 'accumulate', 'apply_gradients')),
                   ('beam search', ('beam_search',)))}

@@ -172,6 +172,45 @@ def arrange(encoded: EncodedSplit, buckets: list[int], packing: bool, seed: int,
   return Shard(encoded, rows, by_length)
 
 
+def split_shards(tokenized: Tokenized, config: ml_collections.ConfigDict, devices: range,
+                 num_shards: int, pack_rows: bool) -> list[Shard]:
+  """The shards of `devices` among `num_shards`: device d's pairs are every num_shards-th of a
+  permutation drawn from config.seed, arranged in rows."""
+  order = rng(config.seed, SHARDING).permutation(len(tokenized))
+  return [arrange(select(tokenized, config.max_length, np.sort(order[device::num_shards])),
+                  bucket_lengths(config.max_length), pack_rows, config.seed, device)
+          for device in devices]
+
+
+def shard_table(shards: list[Shard]) -> np.ndarray:
+  """A row per shard, what every host needs of it to plan: its usable and dropped pairs, then its
+  rows per bucket length, then their mean real tokens (x 1000) on the side with more."""
+  return np.array([[len(s.encoded), s.encoded.dropped_empty, s.encoded.dropped_too_long,
+                    *map(len, s.rows_by_length), *s.milli_tokens_per_row()]
+                   for s in shards], np.int32)
+
+
+def budget_rows(table: np.ndarray, tokens: int) -> list[int]:
+  """Per bucket length, the rows that hold `tokens` real tokens per side: the budget over the mean
+  real tokens per row of that length on the side with more, over every shard's `shard_table`
+  row."""
+  rows, milli_tokens = np.split(table[:, 3:].astype(np.int64), 2, axis=1)
+  return [max(1, 1000 * tokens * int(rows[:, b].sum()) // int(rows[:, b] @ milli_tokens[:, b]))
+          if rows[:, b].any() else 1 for b in range(rows.shape[1])]
+
+
+def plan_rows(table: np.ndarray, tokens: int) -> tuple[list[int], list[int]]:
+  """(batches, rows per batch) of each bucket length, from every shard's `shard_table` row and
+  the real tokens per side of a device's micro-batch.
+
+  A length gets as many batches as its fullest shard needs at the budget's rows, and then batches
+  just large enough for it: no row that every shard leaves empty is computed (at Multi30k's 18
+  batches an epoch, the budget's rows left 5% of them empty).
+  """
+  fullest = table[:, 3:3 + (table.shape[1] - 3) // 2].max(axis=0).tolist()
+  batches = [-(-n // size) for n, size in zip(fullest, budget_rows(table, tokens))]
+  return batches, [-(-n // count) if count else 1 for n, count in zip(fullest, batches)]
+
 def all_hosts(local: np.ndarray) -> np.ndarray:
   """Every host's `local` [its devices, ...] concatenated in process order: [all devices, ...]."""
   if jax.process_count() == 1:
@@ -199,16 +238,9 @@ class Batches:
     self.where, self._segments, self._seed = where, pack_rows, config.seed
     tokenized = token_store.load_or_tokenize(config, corpus or sources.load_split(config, split),
                                              vocab)
-    order = rng(config.seed, SHARDING).permutation(len(tokenized))
-    self.shards = [arrange(select(tokenized, config.max_length,
-                                  np.sort(order[device::where.num_shards])),
-                           self.buckets, pack_rows, config.seed, device)
-                   for device in where.devices]
-    local = np.array([[len(s.encoded), s.encoded.dropped_empty, s.encoded.dropped_too_long,
-                       *map(len, s.rows_by_length), *s.milli_tokens_per_row()]
-                      for s in self.shards], np.int32)
-    table = all_gather(local).astype(np.int64)
-    if table.shape != (where.num_shards, local.shape[1]):
+    self.shards = split_shards(tokenized, config, where.devices, where.num_shards, pack_rows)
+    table = all_gather(shard_table(self.shards)).astype(np.int64)
+    if table.shape != (where.num_shards, 3 + 2 * len(self.buckets)):
       raise DataError(f'all_gather returned {len(table)} shard rows for {where.num_shards} '
                       'devices: process_count and num_devices must describe the running hosts')
     usable, empty, too_long = table[:, :3].sum(axis=0).tolist()
@@ -219,23 +251,13 @@ class Batches:
       raise DataError(f'{tokenized.name}: no usable pairs ({empty} empty, {too_long} longer than '
                       f'config.max_length={config.max_length}); check the data or raise '
                       'max_length')
-    rows, milli_tokens = np.split(table[:, 3:], 2, axis=1)
-    # The rows that hold the budget: the budget over the mean real tokens per row of that length.
-    budget_rows = [
-        max(1, 1000 * where.tokens * int(rows[:, b].sum()) // int(rows[:, b] @ milli_tokens[:, b]))
-        if rows[:, b].any() else 1 for b in range(len(self.buckets))]
-    # A length gets as many batches as its fullest shard needs at that size, and then batches
-    # just large enough for it: no row that every shard leaves empty is computed (at Multi30k's
-    # 18 batches an epoch, the budget's rows left 5% of them empty).
-    fullest = rows.max(axis=0).tolist()
-    self.batches_per_length = [-(-n // size) for n, size in zip(fullest, budget_rows)]
-    self.rows_per_batch = [-(-n // count) if count else 1
-                           for n, count in zip(fullest, self.batches_per_length)]
+    self.batches_per_length, self.rows_per_batch = plan_rows(table, where.tokens)
     logging.info('%s: %d batches of [rows x length] %s per device, ~%d real tokens per side',
                  tokenized.name, sum(self.batches_per_length),
                  ', '.join(f'{r}x{length}' for r, length, n in zip(
                      self.rows_per_batch, self.buckets, self.batches_per_length) if n),
                  where.tokens)
+    rows, milli_tokens = np.split(table[:, 3:], 2, axis=1)
     held = int((rows * milli_tokens).sum(axis=1).max()) // 1000  # by the fullest shard
     if split == 'train' and held < where.tokens:
       logging.warning('%s: config.tokens_per_batch=%d is more than the split holds (the '

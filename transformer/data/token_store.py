@@ -102,7 +102,7 @@ def _save(path: str, array: np.ndarray):
     np.save(f, array)
 
 
-def _load(path: str) -> np.ndarray:
+def load_array(path: str) -> np.ndarray:
   if is_remote(path):
     return np.load(io.BytesIO(epath.Path(path).read_bytes()))
   return np.load(path, mmap_mode='r')  # pages are read as the shards gather them
@@ -121,8 +121,8 @@ def load_or_tokenize(config, corpus: sources.Corpus, vocab: Vocabulary) -> Token
   if epath.Path(info).exists():
     logging.info('%s: token ids read from %s', corpus.name, directory)
     return Tokenized(corpus.name, *(
-        Ragged(_load(os.path.join(directory, f'{side}_tokens.npy')),
-               _load(os.path.join(directory, f'{side}_lengths.npy'))) for side in SIDES))
+        Ragged(load_array(os.path.join(directory, f'{side}_tokens.npy')),
+               load_array(os.path.join(directory, f'{side}_lengths.npy'))) for side in SIDES))
   began = time.time()
   tokenized = tokenize(corpus, vocab)
   with sources.writing_prepared(config):
