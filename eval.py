@@ -7,7 +7,8 @@ writes D/hypotheses.txt (one translation per line, input order) and D/scores.jso
 `sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
 paper's tables) and `bleu_paper_variant` (what that did), `bleu_lowercased` (lowercased and
 Moses-tokenized, as the multimodal-translation literature scores Multi30k) and
-`bleu_lowercased_variant`, `num_sentences`, `checkpoint_steps`,
+`bleu_lowercased_variant`, `chrf` and `chrf_signature` (sacreBLEU's chrF2), `num_sentences`,
+`checkpoint_steps`,
 the decoding settings, `sentences_per_sec` after compilation and `compile_secs`.
 
 --workdir may be a Hugging Face Marian directory instead (an OPUS-MT model, an export.py output):
@@ -82,6 +83,7 @@ def evaluate(config, sources: list[str], references: list[str],
   seconds = time.time() - began
   sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
   compound_split = config_lib.compound_split(config)
+  chrf, chrf_signature = bleu.chrf_score(hypotheses, references)
   return hypotheses, {
       'sacrebleu': sacrebleu_score,
       'sacrebleu_signature': signature,
@@ -89,6 +91,8 @@ def evaluate(config, sources: list[str], references: list[str],
       'bleu_paper_variant': bleu.paper_variant(compound_split),
       'bleu_lowercased': bleu.lowercase_bleu(hypotheses, references, config.target_lang),
       'bleu_lowercased_variant': bleu.lowercase_variant(config.target_lang),
+      'chrf': chrf,
+      'chrf_signature': chrf_signature,
       'num_sentences': len(sources),
       'checkpoint_steps': steps,
       'evaluated': name,
@@ -120,7 +124,7 @@ def main(argv):
     sys.exit(f'eval.py: {error}')
   logging.info('sacreBLEU signature: %s', scores['sacrebleu_signature'])
   print(f'{name}: sacreBLEU {scores["sacrebleu"]:.2f} | paper BLEU {scores["bleu_paper"]:.2f} | '
-        f'lowercased BLEU {scores["bleu_lowercased"]:.2f} | '
+        f'lowercased BLEU {scores["bleu_lowercased"]:.2f} | chrF {scores["chrf"]:.2f} | '
         f'{len(sources)} sentences | {scores["sentences_per_sec"]:.1f} sentences/s after '
         f'{scores["compile_secs"]:.1f} s of compilation | '
         f'checkpoints {scores["checkpoint_steps"] or "- (a Marian model)"}')

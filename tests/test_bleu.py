@@ -69,6 +69,19 @@ def test_sacrebleu_matches_sacrebleu_and_reports_its_signature():
   assert score != pytest.approx(bleu.paper_bleu(HYPOTHESES, REFERENCES, 'de', True))
 
 
+def test_chrf_on_fixed_text_worked_by_hand():
+  # Characters, spaces removed; n-gram statistics summed over both lines, then each order's
+  # F-score (beta 2) averaged over the orders that occur. 'ab cd' against 'abce' and 'xy' against
+  # itself: 1-grams a b c d x y / a b c e x y, 5 of 6 both ways; 2-grams ab bc cd xy / ab bc ce
+  # xy, 3 of 4; 3-grams abc bcd / abc bce, 1 of 2; 4-grams abcd / abce, 0 of 1. Precision and
+  # recall are equal at each order, so each F is that share.
+  by_hand = 100 * (5 / 6 + 3 / 4 + 1 / 2 + 0) / 4
+  score, signature = bleu.chrf_score(['ab cd', 'xy'], ['abce', 'xy'])
+  assert score == pytest.approx(by_hand, abs=1e-9) and by_hand == pytest.approx(52.08, abs=0.01)
+  assert signature.startswith('nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:')
+  assert bleu.chrf_score(REFERENCES, REFERENCES)[0] == pytest.approx(100.0)
+
+
 def test_paper_pipeline_normalises_quotes_and_punctuation_on_both_sides():
   lines = ['Ein Mann sagt: “Hallo!”', 'Zwei Hunde spielen im Schnee…',
            'Ein Kind trägt ein rot-weißes T-Shirt – es ist’s',

@@ -73,6 +73,9 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   assert scores['bleu_lowercased'] == pytest.approx(
       bleu.lowercase_bleu(hypotheses, references, 'de'))
   assert scores['bleu_lowercased_variant'] == bleu.lowercase_variant('de')
+  assert (scores['chrf'], scores['chrf_signature']) == (
+      pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score, abs=1e-9),
+      bleu.chrf_score(hypotheses, references)[1])
   assert 'sacreBLEU' in result.stdout and '200 sentences' in result.stdout
   # Progress in a log (stderr is no terminal here): a line at each tenth of the sentences done,
   # here after each of the two beam-search calls.

@@ -1,5 +1,5 @@
 """BLEU three ways: sacreBLEU on detokenized text, the paper's tokenized BLEU, and the
-multimodal-translation literature's lowercased BLEU for Multi30k.
+multimodal-translation literature's lowercased BLEU for Multi30k; and sacreBLEU's chrF.
 
 The paper's figures come from tensor2tensor's get_ende_bleu.sh: Moses
 replace-unicode-punctuation.perl (“ ” -> ", ’ -> ', … -> ..., full-width forms -> ASCII), Moses
@@ -89,6 +89,13 @@ def _multi_bleu(hypotheses: list[str], references: list[str]) -> float:
   """multi-bleu.perl on tokenized lines: BLEU-4 on the tokens as they are, no smoothing."""
   return sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True).corpus_score(
       hypotheses, [references]).score
+
+
+def chrf_score(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
+  """(score, signature) of sacreBLEU's chrF: character 1- to 6-gram F-score with beta 2, spaces
+  removed, statistics summed over the corpus (Popovic 2015)."""
+  metric = sacrebleu.metrics.CHRF()
+  return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
 def sacrebleu_score(hypotheses: list[str], references: list[str], lang: str):
