@@ -64,7 +64,7 @@ HBM = {
     'TPU v6 lite': (32 * 10**9, 'https://cloud.google.com/tpu/docs/v6e (32 GB)'),
 }
 GIB = 2**30
-SAMPLE_PAIRS = 200_000  # pairs whose lengths give the batch shapes: their means settle well before
+SAMPLE_PAIRS = 200_000  # pairs whose lengths give the batch shapes; their means settle sooner
 STAND_IN = 'WMT-like lengths (stand_in_lengths)'
 # libtpu's line for a program over a device's memory; its "temporaries" count the arguments too.
 _OVER = re.compile(r'temporaries \(([\d.]+[KMGT])\) exceeds available HBM \(([\d.]+[KMGT])\)')
@@ -227,32 +227,30 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
   shapes = batch_shapes(config, count, stand_in_lengths() if lengths is None else lengths)
   states = replicated(state, count)
 
-  def batch(rows: int, length: int) -> dict:
+  def batch(rows: int, length: int, packed: bool) -> dict:
     shape = jax.ShapeDtypeStruct((count, rows, length), np.int32)
-    return {name: shape for name in batching.batch_names(config.packing)}
+    return {name: shape for name in batching.batch_names(packed)}
 
   programs, longest = {}, shapes['train'][0]
   for rows, length in shapes['train']:
-    name = f'{rows}x{length}'
+    name, train_batch = f'{rows}x{length}', batch(rows, length, config.packing)
     if config.grad_accum_steps == 1:
       programs[f'train_step {name}'] = compile_program(steps.train_step, devices, (0,), states,
-                                                       batch(rows, length))
+                                                       train_batch)
       continue
     micro = jax.ShapeDtypeStruct((count,), np.int32)
     programs[f'gradients {name}'] = compile_program(steps.gradients, devices, (), states,
-                                                    batch(rows, length), micro)
+                                                    train_batch, micro)
     accumulated = jax.eval_shape(jax.pmap(steps.gradients, train_step.AXIS), states,
-                                 batch(rows, length), micro)
+                                 train_batch, micro)
     programs[f'accumulate {name}'] = compile_program(steps.accumulate, devices, (3,), states,
-                                                     batch(rows, length), micro, accumulated)
+                                                     train_batch, micro, accumulated)
   if config.grad_accum_steps > 1:  # the same program whatever the batch
     programs['apply_gradients'] = compile_program(steps.apply_gradients, devices, (0,), states,
                                                   *accumulated)
   rows, length = shapes['eval']
   programs[f'eval_step {rows}x{length}'] = compile_program(
-      steps.eval_step, devices, (), states.params, {
-          name: jax.ShapeDtypeStruct((count, rows, length), np.int32)
-          for name in batching.batch_names(True)})
+      steps.eval_step, devices, (), states.params, batch(rows, length, packed=True))
   # A call of max_length sources, as Translator plans it.
   ((_, decode_rows, decode_length),) = decode_batches(
       [config.max_length], source_tokens_per_device(implementations, config.beam_size), 1)
