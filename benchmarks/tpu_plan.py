@@ -254,10 +254,11 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
   # A call of max_length sources, as Translator plans it.
   ((_, decode_rows, decode_length),) = decode_batches(
       [config.max_length], source_tokens_per_device(implementations, config.beam_size), 1)
-  search = search_function(config, implementations, config.beam_size, config.alpha)
+  search = search_function([config], implementations, config.beam_size, config.alpha)
   programs[f'beam_search {decode_rows}x{decode_length}'] = compile_program(
       search, devices, (), replicated(steps.param_shapes, count),
-      jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32))
+      jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32),
+      jax.ShapeDtypeStruct((count, decode_rows), np.int32))
   # Per update, at the longest batch: its padding's FLOPs and attention's over max_length count.
   shape = f'{longest[0]}x{longest[1]}'
   calls_per_update = {f'train_step {shape}': 1, f'gradients {shape}': 1,

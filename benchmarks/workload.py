@@ -185,7 +185,7 @@ class Ours:
     tokens, _, steps = decode.beam_search(self.model_config, params, sources,
                                           beam_size=beam_size, alpha=alpha,
                                           extra_length=extra_length)
-    return jax.block_until_ready(tokens), int(steps)
+    return jax.block_until_ready(tokens[:, 0]), int(steps)
 
 
 def parse_shape(text: str) -> tuple[int, int]:

@@ -64,9 +64,10 @@ def float32_matmuls():
 def run_script(*args, stdin: str | bytes | None = None, timeout: float = 600,
                env: dict[str, str] | None = None,
                max_file_bytes: int | None = None) -> subprocess.CompletedProcess:
-  """`python ARGS` in the repository root, on two simulated devices, with the variables of `env`
-  set, and no file it writes over `max_file_bytes` (as on a full disk); its output as text."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', **(env or {}))
+  """`python ARGS` in the repository root, on two simulated devices (unless `env` sets
+  XLA_FLAGS), with the variables of `env` set, and no file it writes over `max_file_bytes` (as
+  on a full disk); its output as text."""
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=2', **(env or {})}
   limit = None if max_file_bytes is None else (
       lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes)))
   result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,

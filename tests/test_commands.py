@@ -72,11 +72,24 @@ MULTI_HOST = ('--num_processes=1', '--process_id=0')
                                    'finite number >= 0 (0: no length penalty)'),
     ('translate.py', ('--alpha=nan',), 'FATAL Flags parsing error: flag --alpha=nan: must be a '
                                        'finite number >= 0 (0: no length penalty)'),
+    ('translate.py', ('--sampling=topp', '--top_p=0'),
+     'FATAL Flags parsing error: flag --top_p=0.0: must be in (0, 1]'),
+    ('translate.py', ('--sampling=topp', '--top_p=1.5'),
+     'FATAL Flags parsing error: flag --top_p=1.5: must be in (0, 1]'),
+    ('translate.py', ('--sampling=topk', '--temperature=-0.1'), 'FATAL Flags parsing error: flag '
+     '--temperature=-0.1: must be a finite number >= 0 (0: greedy search)'),
+    ('translate.py', ('--nbest=0',),
+     'FATAL Flags parsing error: flag --nbest=0: 0 is not a positive integer'),
+    ('translate.py', ('--sampling=top',), 'FATAL Flags parsing error: flag --sampling=top: value '
+     'should be one of <greedy|topk|topp>'),
+    ('score.py', ('--up_to_step=-1',),
+     'FATAL Flags parsing error: flag --up_to_step=-1: -1 is not a non-negative integer'),
 ])
 def test_commands_report_bad_flags_in_one_line(script, args, line, tmp_path):
   required = {'train.py': ('--config=configs/tiny.py', f'--workdir={tmp_path}'),
               'eval.py': (f'--workdir={tmp_path}', f'--output_dir={tmp_path}'),
-              'translate.py': (f'--workdir={tmp_path}',)}[script]
+              'translate.py': (f'--workdir={tmp_path}',),
+              'score.py': (f'--workdir={tmp_path}', '--source_file=S', '--target_file=T')}[script]
   result = run_script(script, *required, *args)
   assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-3000:]
   # absl's flag errors end with a line pointing to --helpshort.

@@ -255,7 +255,7 @@ def test_the_exported_run_computes_in_transformers_what_it_computes_here(tiny_ru
 def our_outputs(workdir: str, sources: list[str], beam_size: int) -> list[list[int]]:
   """Our search's output ids of each sentence, EOS included, with length penalty alpha 0."""
   translator, params, _, _ = translate.load(workdir, beam_size=beam_size, alpha=0.0)
-  return [list(row[:list(row).index(1) + 1]) for row in translator.search(params, sources)]
+  return [list(row[:list(row).index(1) + 1]) for (row, *_), _, _ in translator.search(params, sources)]
 
 
 def assert_same_or_at_the_limit(ours, theirs, ids, beam_size):

@@ -88,14 +88,15 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
   translated, gathered = {}, {}
 
   def search_as(host, everyone=None):
+    # One all-gather per output: ids, log-probabilities, scores.
     monkeypatch.setattr(translate.jax, 'process_count', lambda: 2)
     monkeypatch.setattr(translate.jax, 'process_index', lambda: host)
     monkeypatch.setattr(translate.multihost_utils, 'process_allgather',
-                        lambda local: gathered.setdefault(host, local) if everyone is None
-                        else everyone)
-    searched = translator._search_for
-    monkeypatch.setattr(translator, '_search_for', lambda p, rows, length: lambda p, batch: (
-        translated.setdefault(host, []).append(batch) or searched(p, rows, length)(p, batch)))
+                        lambda local: gathered.setdefault(host, []).append(local) or
+                        np.stack([local, local]) if everyone is None else everyone.pop(0))
+    searched = translator.programs.get
+    monkeypatch.setattr(translator.programs, 'get', lambda *args: lambda p, batch, numbers: (
+        translated.setdefault(host, []).append(batch) or searched(*args)(p, batch, numbers)))
     try:
       return translator.search(params, sentences)
     finally:
@@ -103,8 +104,9 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
 
   for host in (0, 1):
     search_as(host)
-  both = np.stack([gathered[0], gathered[1]])
-  outputs = [search_as(host, both) for host in (0, 1)]
+  both = [np.stack(parts) for parts in zip(gathered[0], gathered[1])]
+  assert len(both) == 3
+  outputs = [search_as(host, list(both)) for host in (0, 1)]
   # Each call of the plan over both hosts' devices ran on both, each host's part on its own.
   lengths = [len(ids) + 1 for ids in translator.vocab.encode_batch(sentences)]
   calls = decode_batches(lengths, translator.tokens_per_device, 2 * translator.devices)
@@ -114,7 +116,8 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
         (translator.devices, rows, length) for _, rows, length in calls]
   for host in (0, 1):
     for got, want in zip(outputs[host], alone):
-      np.testing.assert_array_equal(np.trim_zeros(got, 'b'), np.trim_zeros(want, 'b'))
+      np.testing.assert_array_equal(np.trim_zeros(got[0][0], 'b'), np.trim_zeros(want[0][0], 'b'))
+      np.testing.assert_allclose(got[2], want[2], rtol=1e-6)  # batched with other sentences
 
 
 def test_a_line_longer_than_the_model_takes_is_cut_with_a_warning_naming_it(tmp_path, caplog):

@@ -1,8 +1,13 @@
-"""Greedy and beam-search decoding over the model's key/value cache (section 6.1).
+"""Beam search (section 6.1), sampling and greedy search over the model's key/value cache, and the
+log-probability of given outputs.
 
-Outputs are [batch, length] token ids ending with EOS (1) and padded with 0. The longest output of
-a sentence is its source length + `extra_length` tokens, both counting EOS; a beam search stops
-once no live hypothesis can still beat the best finished one.
+Outputs are token ids ending with EOS (1) and padded with 0. The longest output of a sentence is
+its source length + `extra_length` tokens, both counting EOS; a beam search stops once no live
+hypothesis can still beat the n-th best finished one, sampling once every row has ended.
+
+Wherever a function takes `config` and `params`, tuples of several models' (sharing one
+vocabulary) decode with their ensemble: the mean of their logits, whose log_softmax is the
+normalized mean of their log-probabilities (each model's log-normalizer is one constant per row).
 
 Written by hand: neither flax nor optax ships a beam search; this one follows the paper (GNMT
 length penalty, early stop) and reorders the cache with one gather per step.
@@ -84,6 +89,49 @@ class _Scorer:
     return jax.tree_util.tree_map_with_path(resize_one, cache)
 
 
+class _Ensemble:
+  """Several models' `_Scorer`s as one, with `_Scorer`'s interface: the mean of their logits, a
+  tuple of their caches."""
+
+  def __init__(self, scorers: list[_Scorer]):
+    self.scorers = scorers
+    self.initial_cache = tuple(scorer.initial_cache for scorer in scorers)
+
+  def logits(self, cache, tokens):
+    outputs = [scorer.logits(c, tokens) for scorer, c in zip(self.scorers, cache)]
+    # The mean of one model's logits twice is its logits, exactly: an ensemble of a run with
+    # itself decodes as the run.
+    return (jnp.mean(jnp.stack([logits for logits, _ in outputs]), axis=0),
+            tuple(c for _, c in outputs))
+
+  reorder = staticmethod(_Scorer.reorder)  # tree maps: a tuple of caches is one tree
+  resize = staticmethod(_Scorer.resize)
+
+
+def _scorer(config, params, sources, copies: int, cache_length: int):
+  """The cached decoder of one model, or of an ensemble where `config` and `params` are tuples."""
+  if isinstance(config, tuple):
+    return _Ensemble([_Scorer(c, p, sources, copies, cache_length)
+                      for c, p in zip(config, params)])
+  return _Scorer(config, params, sources, copies, cache_length)
+
+
+def _stage_ends(length: int, cache_stage: int) -> list[int]:
+  """Where the self-attention caches of a decoding of `length` positions grow."""
+  return list(range(cache_stage, length, cache_stage)) + [length]
+
+
+def _in_stages(scorer, state: tuple, step, running, stage_ends: list[int]) -> tuple:
+  """`state` [position, ..., cache] after `step` has run while `running(state)` and position is
+  below the last stage end; the cache resized to each stage's end before the loop of that stage
+  (each stage a loop of its own shapes)."""
+  for end in stage_ends:
+    state = state[:-1] + (scorer.resize(state[-1], end),)
+    state = jax.lax.while_loop(lambda state, end=end: running(state) & (state[0] < end), step,
+                               state)
+  return state
+
+
 def _gather_beams(x, beams):
   """x[b, beams[b, i], ...] for x of shape [batch, beam, ...] and beams of shape [batch, k]."""
   return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -130,76 +178,48 @@ def best_continuations(logits, live_log_probs, at_limit, k: int):
   return best, position // row_k, token
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'extra_length'))
-def greedy_search(config: TransformerConfig, params, sources, extra_length: int = 50):
-  """The most probable token at each step, until EOS or the length limit.
-
-  Args:
-    config: the model's architecture.
-    params: its parameters.
-    sources: [batch, source_length] source ids ending in EOS, 0 = padding.
-    extra_length: outputs hold at most source length + extra_length tokens (EOS included).
-
-  Returns:
-    [batch, source_length + extra_length] output ids, each row ending with EOS then padding.
-  """
-  batch, length = sources.shape[0], sources.shape[1] + extra_length
-  scorer = _Scorer(config, params, sources, 1, length)
-  limits = max_output_lengths(sources, extra_length)
-
-  def step(carry, position):
-    cache, token, done = carry
-    logits, cache = scorer.logits(cache, token)
-    allowed = _allowed(jnp.arange(logits.shape[-1]), (position + 1 >= limits)[:, None])
-    token = jnp.where(done, 0, jnp.argmax(jnp.where(allowed, logits, -jnp.inf), -1))
-    return (cache, token, done | (token == EOS_ID)), token
-
-  init = (scorer.initial_cache, jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
-  _, tokens = jax.lax.scan(step, init, jnp.arange(length))
-  return tokens.T
-
-
 @functools.partial(jax.jit, static_argnames=('config', 'beam_size', 'alpha', 'extra_length',
-                                             'cache_stage'))
+                                             'cache_stage', 'nbest'))
 def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, alpha: float = 0.6,
-                extra_length: int = 50, cache_stage: int = CACHE_STAGE):
-  """The best hypothesis of each sentence by log-probability / length_penalty (section 6.1).
+                extra_length: int = 50, cache_stage: int = CACHE_STAGE, nbest: int = 1):
+  """The best hypotheses of each sentence by log-probability / length_penalty (section 6.1).
 
   Args:
-    config: the model's architecture.
-    params: its parameters.
+    config: the model's architecture (a tuple: an ensemble's).
+    params: its parameters (a tuple: an ensemble's).
     sources: [batch, source_length] source ids ending in EOS, 0 = padding.
     beam_size: hypotheses kept per sentence.
     alpha: the length penalty's exponent (`length_penalty`).
     extra_length: outputs hold at most source length + extra_length tokens (EOS included).
     cache_stage: the self-attention caches grow by this many positions at a time.
+    nbest: how many of the best finished hypotheses to return, at most beam_size.
 
   Returns:
-    (tokens [batch, source_length + extra_length], each row ending with EOS then padding;
-    scores [batch] float32; the number of decoding steps run).
+    (tokens [batch, nbest, source_length + extra_length], best first, each row ending with EOS
+    then padding; their scores [batch, nbest] float32, NEG_INF where fewer were found; the number
+    of decoding steps run).
   """
-  length = sources.shape[1] + extra_length
-  stage_ends = list(range(cache_stage, length, cache_stage)) + [length]
-  scorer = _Scorer(config, params, sources, beam_size, stage_ends[0])
-  return search(scorer, max_output_lengths(sources, extra_length), beam_size, alpha, stage_ends)
+  stage_ends = _stage_ends(sources.shape[1] + extra_length, cache_stage)
+  scorer = _scorer(config, params, sources, beam_size, stage_ends[0])
+  return search(scorer, max_output_lengths(sources, extra_length), beam_size, alpha, stage_ends,
+                nbest)
 
 
-def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
+def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int], nbest: int = 1):
   """Beam search over any scorer with `_Scorer`'s interface: `initial_cache` for batch * beam
   rows, `logits(cache, tokens)`, `reorder(cache, rows)` and `resize(cache, length)`. `limits`
   [batch] are the longest outputs; the search runs in stages, its cache resized to each stage's
-  end, the last end being the output length."""
+  end, the last end being the output length; a sentence is done once its `nbest` best finished
+  hypotheses are final."""
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f'nbest={nbest}: a beam of {beam_size} keeps 1 to {beam_size} hypotheses')
   batch, length = limits.shape[0], stage_ends[-1]
   best_possible_penalty = length_penalty(limits, alpha)
 
   def sentence_done(live_log_probs, finished_scores):
-    """A sentence is done when no live hypothesis can beat its best finished one: log-
+    """A sentence is done when no live hypothesis can beat its nbest-th finished one: log-
     probabilities only fall, and the penalty is largest at the longest allowed length."""
-    return live_log_probs[:, 0] / best_possible_penalty <= finished_scores[:, 0]
-
-  def not_done(state):
-    position, _, live_log_probs, _, finished_scores, _ = state
-    return (position < length) & ~sentence_done(live_log_probs, finished_scores).all()
+    return live_log_probs[:, 0] / best_possible_penalty <= finished_scores[:, nbest - 1]
 
   def step(state):
     position, live_tokens, live_log_probs, finished_tokens, finished_scores, cache = state
@@ -238,9 +258,113 @@ def search(scorer, limits, beam_size: int, alpha: float, stage_ends: list[int]):
   tokens = jnp.zeros((batch, beam_size, length), jnp.int32)
   state = (jnp.array(0), tokens, live_log_probs, tokens,
            jnp.full((batch, beam_size), NEG_INF), scorer.initial_cache)
-  for end in stage_ends:  # each stage a loop with a cache of `end` positions
-    state = state[:-1] + (scorer.resize(state[-1], end),)
-    state = jax.lax.while_loop(lambda state, end=end: not_done(state) & (state[0] < end), step,
-                               state)
-  steps, _, _, finished_tokens, finished_scores, _ = state
-  return finished_tokens[:, 0], finished_scores[:, 0], steps
+  running = lambda state: ~sentence_done(state[2], state[4]).all()
+  steps, _, _, finished_tokens, finished_scores, _ = _in_stages(scorer, state, step, running,
+                                                                stage_ends)
+  return finished_tokens[:, :nbest], finished_scores[:, :nbest], steps
+
+
+def draw(logits, keys, temperature: float, top_k: int = 0, top_p: float = 1.0):
+  """One token per row of `logits` [rows, vocab]: at temperature 0 the most probable; else a draw
+  with `keys` [rows] from softmax(logits / temperature) over the `top_k` most probable tokens
+  (0: all of them), then over the fewest most probable whose probability reaches `top_p` (nucleus
+  sampling, Holtzman et al. 2020), in Hugging Face's order."""
+  if temperature == 0:
+    return jnp.argmax(logits, -1)
+  logits = logits / temperature
+  if top_k:
+    kth_best = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits >= kth_best, logits, -jnp.inf)
+  if top_p < 1:
+    ordered = -jnp.sort(-logits, axis=-1)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    above = jnp.cumsum(probs, axis=-1) - probs  # the probability of the tokens ranked above
+    lowest_kept = jnp.min(jnp.where(above < top_p, ordered, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits >= lowest_kept, logits, -jnp.inf)
+  return jax.vmap(jax.random.categorical)(keys, logits)
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'temperature', 'top_k', 'top_p',
+                                             'extra_length', 'cache_stage'))
+def sample(config: TransformerConfig, params, sources, keys, temperature: float = 1.0,
+           top_k: int = 0, top_p: float = 1.0, extra_length: int = 50,
+           cache_stage: int = CACHE_STAGE):
+  """Outputs drawn token by token (`draw`), one per key; temperature 0 is greedy search.
+
+  Each output's draws come from its own key alone (folded with the position), so an output does
+  not depend on the other rows of the batch, nor on the batch's size.
+
+  Args:
+    config: the model's architecture (a tuple: an ensemble's).
+    params: its parameters (a tuple: an ensemble's).
+    sources: [batch, source_length] source ids ending in EOS, 0 = padding.
+    keys: [batch, samples] `jax.random.key`s: samples outputs of each source.
+    temperature: the logits are divided by it; 0: the most probable token.
+    top_k: draw among the top_k most probable tokens; 0: all.
+    top_p: then among the fewest most probable whose probability reaches top_p; 1: all.
+    extra_length: outputs hold at most source length + extra_length tokens (EOS included).
+    cache_stage: the self-attention caches grow by this many positions at a time.
+
+  Returns:
+    (tokens [batch, samples, source_length + extra_length], each row ending with EOS then
+    padding; their log-probabilities [batch, samples] float32 under the model, without the
+    temperature and the restriction to top_k and top_p).
+  """
+  batch, samples = keys.shape
+  stage_ends = _stage_ends(sources.shape[1] + extra_length, cache_stage)
+  scorer = _scorer(config, params, sources, samples, stage_ends[0])
+  limits = jnp.repeat(max_output_lengths(sources, extra_length), samples)
+  keys = keys.reshape(-1)
+
+  def step(state):
+    position, tokens, log_probs, done, cache = state
+    last = jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(position - 1, 0), axis=1,
+                                        keepdims=False)
+    logits, cache = scorer.logits(cache, jnp.where(position == 0, 0, last))
+    allowed = _allowed(jnp.arange(logits.shape[-1]), (position + 1 >= limits)[:, None])
+    token = draw(jnp.where(allowed, logits, -jnp.inf),
+                 jax.vmap(jax.random.fold_in, (0, None))(keys, position), temperature, top_k,
+                 top_p)
+    token = jnp.where(done, PAD_ID, token)
+    # Under the model, as beam search scores: normalized over every token, allowed or not.
+    token_log_prob = (jnp.take_along_axis(logits, token[:, None], axis=1)[:, 0] -
+                      jax.nn.logsumexp(logits, axis=-1))
+    log_probs = log_probs + jnp.where(done, 0.0, token_log_prob)
+    tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, position, axis=1)
+    return position + 1, tokens, log_probs, done | (token == EOS_ID), cache
+
+  rows = batch * samples
+  state = (jnp.array(0), jnp.zeros((rows, stage_ends[-1]), jnp.int32), jnp.zeros(rows),
+           jnp.zeros(rows, bool), scorer.initial_cache)
+  _, tokens, log_probs, _, _ = _in_stages(scorer, state, step, lambda state: ~state[3].all(),
+                                          stage_ends)
+  return tokens.reshape(batch, samples, -1), log_probs.reshape(batch, samples)
+
+
+def greedy_search(config: TransformerConfig, params, sources, extra_length: int = 50):
+  """The most probable token at each step, until EOS or the length limit: `sample` at
+  temperature 0. Returns [batch, source_length + extra_length] output ids."""
+  keys = jnp.broadcast_to(jax.random.key(0), (sources.shape[0], 1))  # not drawn from
+  return sample(config, params, sources, keys, temperature=0.0, extra_length=extra_length)[0][:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=('config',))
+def sequence_log_probs(config: TransformerConfig, params, sources, targets):
+  """log P(target | source) of each row, summed over its tokens, from one teacher-forced pass.
+
+  Args:
+    config: the model's architecture (a tuple: an ensemble's).
+    params: its parameters (a tuple: an ensemble's).
+    sources: [batch, source_length] source ids ending in EOS, 0 = padding.
+    targets: [batch, target_length] target ids ending in EOS, 0 = padding.
+
+  Returns:
+    [batch] float32.
+  """
+  configs, params = (config, params) if isinstance(config, tuple) else ((config,), (params,))
+  logits = jnp.mean(jnp.stack([
+      Transformer(c.replace(deterministic=True, decode=False)).apply({'params': p}, sources,
+                                                                       targets)
+      for c, p in zip(configs, params)]), axis=0)
+  log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)
+  return jnp.where(targets > 0, log_probs[..., 0], 0.0).sum(-1)

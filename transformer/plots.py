@@ -231,10 +231,10 @@ def attention_figures(workdir: str, sentence: str,
   """(the translation, {picture name: figure}) of `sentence` with the run in `workdir`, loaded
   by `translate.load(workdir, **decoding)`."""
   translator, replicated, config, _ = translate.load(workdir, **decoding)
-  (row,) = translator.search(replicated, [sentence])
+  ((outputs, _, _),) = translator.search(replicated, [sentence])
   (source_ids,) = translator.encode([sentence])  # as the search took it: cut to max_length
   sentence = translator.vocab.decode(source_ids)
-  target_ids = output_ids(row)
+  target_ids = output_ids(outputs[0])
   # XLA's attention, which can hand out its weights; cuDNN's fused kernel never forms them.
   model_config = config_lib.model_config(config)
   weights, _ = attention_weights(model_config,

@@ -1,9 +1,12 @@
 """Translation of raw sentences with a trained run: `Translator` (beam search over all local
 devices, sentences grouped by length) and `load` (a workdir's translator and parameters)."""
 
+import dataclasses
 import math
+import os
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -18,6 +21,8 @@ from transformer.kernels import choice, compile_ahead
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
+# Pieces of bytes can spell a line end or a tab: translations are written one per line, in tables.
+ONE_LINE = str.maketrans('\t\n\r', '   ')
 
 
 def decode_batches(lengths: list[int], tokens_per_device: int, devices: int):
@@ -81,92 +86,170 @@ def source_tokens_per_device(implementations: choice.Implementations, beam_size:
   return max(implementations.decode_batch_tokens // beam_size, LENGTH_STEP)
 
 
-def search_function(config: ml_collections.ConfigDict, implementations: choice.Implementations,
-                    beam_size: int, alpha: float):
-  """The beam search a `Translator` runs on each device: (params, sources [rows, length]) -> the
-  best output's ids [rows, length + config.decode_extra_length]."""
-  model_config = config_lib.model_config(config, implementations)
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Outputs drawn by `decode.sample` instead of found by beam search.
 
-  def search(params, sources):
-    return decode.beam_search(model_config, params, sources, beam_size=beam_size, alpha=alpha,
-                              extra_length=config.decode_extra_length)[0]
+  Attributes:
+    temperature: the logits are divided by it; 0: greedy search.
+    top_k: draw among the top_k most probable tokens; 0: all.
+    top_p: then among the fewest most probable whose probability reaches top_p; 1: all.
+    num_samples: outputs per sentence.
+    seed: with a sentence's line number and the sample's, what its draws come from alone.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  num_samples: int = 1
+  seed: int = 0
+
+
+class Hypothesis(NamedTuple):
+  """One output of a sentence: its text, its log-probability under the model, its score (the
+  log-probability over the length penalty, what beam search ranks by) and its tokens, EOS
+  included."""
+  text: str
+  log_prob: float
+  score: float
+  tokens: int
+
+
+def model_configs(configs: list[ml_collections.ConfigDict],
+                  implementations: choice.Implementations):
+  """The model config of one run, or the tuple of an ensemble's (`decode`)."""
+  models = tuple(config_lib.model_config(config, implementations) for config in configs)
+  return models if len(models) > 1 else models[0]
+
+
+def search_function(configs: list[ml_collections.ConfigDict],
+                    implementations: choice.Implementations, beam_size: int, alpha: float,
+                    nbest: int = 1, sampling: Sampling | None = None):
+  """The decoding a `Translator` runs on each device: (params, sources [rows, length], their line
+  numbers [rows]) -> (tokens [rows, n, length + decode_extra_length], log-probabilities [rows, n],
+  scores [rows, n]) of beam search's n = nbest best hypotheses, best first (scores below
+  decode.NEG_INF / 2 where it found fewer), or of sampling's n = num_samples draws."""
+  model_config = model_configs(configs, implementations)
+  extra_length = configs[0].decode_extra_length
+  penalty = lambda tokens: decode.length_penalty((tokens > 0).sum(-1), alpha)
+
+  def search(params, sources, line_numbers):
+    if sampling is None:
+      tokens, scores, _ = decode.beam_search(model_config, params, sources, beam_size=beam_size,
+                                             alpha=alpha, extra_length=extra_length, nbest=nbest)
+      return tokens, scores * penalty(tokens), scores
+    first_key = jax.random.key(sampling.seed)
+    keys = jax.vmap(lambda line: jax.random.split(jax.random.fold_in(first_key, line),
+                                                  sampling.num_samples))(line_numbers)
+    tokens, log_probs = decode.sample(model_config, params, sources, keys,
+                                      sampling.temperature, sampling.top_k, sampling.top_p,
+                                      extra_length)
+    return tokens, log_probs, log_probs / penalty(tokens)
 
   return search
 
 
+def scoring_function(configs: list[ml_collections.ConfigDict],
+                     implementations: choice.Implementations):
+  """What `Translator.score` runs on each device: (params, sources [rows, length], targets [rows,
+  length], line numbers) -> (log P(target | source) [rows], target tokens [rows])."""
+  model_config = model_configs(configs, implementations)
+
+  def score(params, sources, targets, _):
+    return (decode.sequence_log_probs(model_config, params, sources, targets),
+            (targets > 0).sum(-1))
+
+  return score
+
+
 class Translator:
-  """Beam search over all local devices, sentences grouped by length; outputs in input order.
+  """Beam search or sampling over all local devices, sentences grouped by length; outputs in input
+  order. Also the log-probability of given translations (`score`).
 
   Args:
-    config: the run's validated config (model, decode_batch_tokens, decode_extra_length, ...).
+    config: the run's validated config (model, decode_batch_tokens, decode_extra_length, ...), or
+      a list of several runs' configs sharing one vocabulary: their ensemble, with the first's
+      settings.
     vocab: its vocabulary.
     beam_size: hypotheses kept per sentence.
     alpha: the length penalty's exponent.
+    nbest: the best hypotheses beam search returns per sentence, at most beam_size.
+    sampling: draw outputs so (`Sampling`) instead of searching for them.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, vocab: data.Vocabulary, beam_size: int,
-               alpha: float):
-    self.config, self.vocab, self.beam_size, self.alpha = config, vocab, beam_size, alpha
-    implementations = choice.for_this_machine(config)
+  def __init__(self, config: ml_collections.ConfigDict | list[ml_collections.ConfigDict],
+               vocab: data.Vocabulary, beam_size: int, alpha: float, nbest: int = 1,
+               sampling: Sampling | None = None):
+    configs = config if isinstance(config, list) else [config]
+    self.config, self.vocab, self.beam_size, self.alpha = configs[0], vocab, beam_size, alpha
+    self.nbest, self.sampling = nbest, sampling
+    implementations = choice.for_this_machine(self.config)
     self.devices = jax.local_device_count()
-    self.tokens_per_device = source_tokens_per_device(implementations, beam_size)
+    # Each model of an ensemble holds the caches of its hypotheses.
+    self.tokens_per_device = max(source_tokens_per_device(
+        implementations, sampling.num_samples if sampling else beam_size) // len(configs),
+                                 LENGTH_STEP)
     # Longer sources are cut to this: the model learned from none longer, a line of thousands
     # of words would take minutes (its compiled shape and output as long), and learned
     # positions cover no more (config.validate).
-    self.max_source_tokens = config.max_length
-    search = search_function(config, implementations, beam_size, alpha)
-    self.programs = compile_ahead.Programs(jax.pmap(search))  # keyed by (rows per device, length)
+    self.max_source_tokens = self.config.max_length
+    search = search_function(configs, implementations, beam_size, alpha, nbest, sampling)
+    # Keyed by (rows per device, length).
+    self.programs = compile_ahead.Programs(jax.pmap(search))
+    self.scoring = compile_ahead.Programs(jax.pmap(scoring_function(configs, implementations)))
 
   @property
   def compile_secs(self) -> float:
     """Spent compiling so far (one host; several compile on first call)."""
-    return self.programs.compile_secs
+    return self.programs.compile_secs + self.scoring.compile_secs
 
-  def _search_for(self, params, rows: int, length: int):
-    """The beam search compiled for [devices, rows, length] sources, compiled on first use."""
-    return self.programs.get(*self._search_args(params, rows, length))
+  def _program_args(self, params, rows: int, length: int, sides: int = 1):
+    """The arguments of `programs.lower` and `programs.get` (or `scoring`'s, with 2 `sides`)
+    for calls of [rows, length] per device."""
+    return ((rows, length), params,
+            *[jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)] * sides,
+            jax.ShapeDtypeStruct((self.devices, rows), np.int32))
 
-  def _search_args(self, params, rows: int, length: int):
-    return (rows, length), params, jax.ShapeDtypeStruct((self.devices, rows, length), np.int32)
-
-  def encode(self, sentences: list[str], line_numbers: list[int] | None = None):
-    """The ids the model translates each of `sentences` from: its pieces and EOS, cut to
-    max_source_tokens (a warning names the lines cut by their `line_numbers`, if given)."""
+  def encode(self, sentences: list[str], line_numbers: list[int] | None = None,
+             lines: str = 'input', use: str = 'translated from'):
+    """The ids the model reads for each of `sentences`: its pieces and EOS, cut to
+    max_source_tokens (a warning names the `lines` cut by their `line_numbers`, if given, and
+    what each is then `use`d as)."""
     encoded = self.vocab.encode_batch(sentences, add_eos=True)
     too_long = [i for i, ids in enumerate(encoded) if len(ids) > self.max_source_tokens]
     if too_long and line_numbers is not None:
       logging.warning(
-          '%d input line(s) have more than %d tokens (with EOS), the most config.max_length lets '
-          'through: line %s; each is translated from its first %d tokens only: split such lines '
-          'into sentences', len(too_long), self.max_source_tokens,
+          '%d %s line(s) have more than %d tokens (with EOS), the most config.max_length lets '
+          'through: line %s; each is %s its first %d tokens only: split such lines into '
+          'sentences', len(too_long), lines, self.max_source_tokens,
           ', line '.join(f'{line_numbers[i]} ({len(encoded[i])} tokens)' for i in too_long[:5]) +
-          (', ...' if len(too_long) > 5 else ''), self.max_source_tokens)
+          (', ...' if len(too_long) > 5 else ''), use, self.max_source_tokens)
     for i in too_long:
       encoded[i] = encoded[i][:self.max_source_tokens - 1] + encoded[i][-1:]  # and its EOS
     return encoded
 
-  def _plan(self, sentences: list[str], line_numbers: list[int] | None = None):
-    """The sentences' ids (`encode`) and the beam-search calls that translate them
-    (`decode_batches`)."""
-    encoded = self.encode(sentences, line_numbers)
-    return encoded, decode_batches([len(ids) for ids in encoded], self.tokens_per_device,
-                                   self.devices * jax.process_count())
+  def _calls(self, inputs: list[tuple[list[int], ...]]):
+    """The calls (`decode_batches`) that take `inputs`, each sentence's padded to its longest."""
+    return decode_batches([max(map(len, sides)) for sides in inputs], self.tokens_per_device,
+                          self.devices * jax.process_count())
 
   def search_programs(self, params, sentences: list[str]) -> list[tuple]:
     """The arguments of `programs.lower` and `programs.get` for each beam search that
     translating `sentences` takes, one per shape: what compiling them ahead needs."""
-    shapes = dict.fromkeys((rows, length) for _, rows, length in self._plan(sentences)[1])
-    return [self._search_args(params, rows, length) for rows, length in shapes]
+    calls = self._calls([(ids,) for ids in self.encode(sentences)])
+    shapes = dict.fromkeys((rows, length) for _, rows, length in calls)
+    return [self._program_args(params, rows, length) for rows, length in shapes]
 
   def translate(self, params, sentences: list[str], progress: bool = False,
                 stop=None) -> list[str]:
-    """Translations of `sentences`.
+    """Translations of `sentences`: the best hypothesis of each, or its first sample.
 
     Args:
-      params: the model's parameters, replicated over the local devices.
+      params: the model's parameters, replicated over the local devices (a tuple of such for an
+        ensemble).
       sentences: raw source sentences.
       progress: show sentences done, their rate and the time left.
-      stop: called before each beam-search call (and each compilation); when it returns True,
+      stop: called before each decoding call (and each compilation); when it returns True,
         the translation ends with `Interrupted` (a preempted run saves first).
 
     Returns:
@@ -177,36 +260,68 @@ class Translator:
     Raises:
       Interrupted: `stop` returned True.
     """
+    return [hypotheses[0].text if hypotheses else ''
+            for hypotheses in self.hypotheses(params, sentences, progress, stop)]
+
+  def hypotheses(self, params, sentences: list[str], progress: bool = False,
+                 stop=None) -> list[list[Hypothesis]]:
+    """Every sentence's nbest best hypotheses (best first), or its num_samples samples (in the
+    order drawn); none for an empty or blank sentence. Tabs and line ends in their text are
+    spaces. The arguments are `translate`'s."""
     numbers = [number for number, sentence in enumerate(sentences, 1) if sentence.strip()]
     outputs = dict(zip(numbers, self.search(params, [sentences[n - 1] for n in numbers], progress,
                                             stop, line_numbers=numbers)))
-    return [self.vocab.decode(outputs[n]) if n in outputs else ''
-            for n in range(1, len(sentences) + 1)]
+    return [[Hypothesis(self.vocab.decode(ids).translate(ONE_LINE), float(log_prob), float(score),
+                        int((ids > 0).sum()))
+             for ids, log_prob, score in zip(*outputs[n]) if score > decode.NEG_INF / 2]
+            if n in outputs else [] for n in range(1, len(sentences) + 1)]
 
   def search(self, params, sentences: list[str], progress: bool = False, stop=None,
-             line_numbers: list[int] | None = None) -> list[np.ndarray]:
-    """The beam search's best output ids of each sentence (EOS, then padding, end them); the
-    arguments are `translate`'s, and the sentences' `line_numbers` in the input (default: 1,
-    2, ...) for the warning about lines cut.
+             line_numbers: list[int] | None = None) -> list[tuple[np.ndarray, ...]]:
+    """The outputs of `search_function` for each sentence: (ids [n, width], EOS then padding
+    ending each row; log-probabilities [n]; scores [n]). The arguments are `translate`'s, and the
+    sentences' `line_numbers` in the input (default: 1, 2, ...), which name the lines cut in a
+    warning and choose each sentence's samples."""
+    line_numbers = line_numbers or list(range(1, len(sentences) + 1))
+    inputs = [(ids,) for ids in self.encode(sentences, line_numbers)]
+    return self._run(self.programs, params, inputs, line_numbers, progress, stop)
 
-    On several hosts every host passes all the sentences and gets all the outputs back, but each
-    call is split over every host's devices: a host translates only its part of it. The hosts
-    make the same calls in the same order (the pmapped search spans them all), so `stop` must
-    agree across hosts.
+  def score(self, params, sources: list[str], targets: list[str],
+            progress: bool = False) -> list[tuple[float, int]]:
+    """(log P(target | source) summed over the target's tokens, that number of tokens) of each
+    pair, EOS included; sides of more than max_source_tokens are cut to them, with a warning."""
+    numbers = list(range(1, len(sources) + 1))
+    inputs = list(zip(self.encode(sources, numbers, 'source', 'scored with'),
+                      self.encode(targets, numbers, 'target', 'scored on')))
+    return [(float(log_prob), int(tokens)) for log_prob, tokens in
+            self._run(self.scoring, params, inputs, numbers, progress, stop=None)]
+
+  def _run(self, programs: compile_ahead.Programs, params, inputs: list[tuple[list[int], ...]],
+           line_numbers: list[int], progress: bool, stop) -> list[tuple[np.ndarray, ...]]:
+    """The outputs of `programs`' function for each of `inputs` (one or more id lists), in calls
+    of `_calls`.
+
+    On several hosts every host passes all the inputs and gets all the outputs back, but each
+    call is split over every host's devices: a host runs only its part of it. The hosts make the
+    same calls in the same order (the pmapped function spans them all), so `stop` must agree
+    across hosts.
     """
-    encoded, calls = self._plan(sentences, line_numbers or list(range(1, len(sentences) + 1)))
+    calls = self._calls(inputs)
     hosts, host = jax.process_count(), jax.process_index()
-    outputs_of = [None] * len(sentences)
+    outputs_of = [None] * len(inputs)
+    program = lambda rows, length: programs.get(
+        *self._program_args(params, rows, length, len(inputs[0])))
 
     def check_stop():
       if stop is not None and stop():
         raise Interrupted(f'translation stopped after {sum(o is not None for o in outputs_of)} '
-                          f'of {len(sentences)} sentences')
+                          f'of {len(inputs)} sentences')
 
     for _, rows, length in calls:  # before the clock of the progress display starts
       check_stop()
-      self._search_for(params, rows, length)
-    shown = Progress(len(sentences)) if progress else None
+      program(rows, length)
+    shown = Progress(len(inputs)) if progress else None
+    widest = None  # of each output, zeros of the largest shape of every call (all hosts')
     try:
       for indices, rows, length in calls:
         check_stop()
@@ -215,47 +330,59 @@ class Translator:
                                  np.full(rows * self.devices * hosts - len(indices), indices[-1])])
         first = host * rows * self.devices  # this host's part starts at this sentence of the call
         mine = filled[first:first + rows * self.devices]
-        batch = np.zeros((len(mine), length), np.int32)
+        batches = np.zeros((len(inputs[0]), len(mine), length), np.int32)
         for row, i in enumerate(mine):
-          batch[row, :len(encoded[i])] = encoded[i]
-        outputs = np.asarray(self._search_for(params, rows, length)(
-            params, batch.reshape(self.devices, rows, length)))
-        for i, ids in zip(indices[first:], outputs.reshape(-1, outputs.shape[-1])):
-          outputs_of[i] = ids
+          for side, ids in enumerate(inputs[i]):
+            batches[side, row, :len(ids)] = ids
+        numbers = np.asarray(line_numbers, np.int32)[mine].reshape(self.devices, rows)
+        outputs = [np.asarray(output).reshape((len(mine),) + output.shape[2:])
+                   for output in program(rows, length)(
+                       params, *batches.reshape(len(batches), self.devices, rows, length),
+                       numbers)]
+        widest = [np.zeros(np.maximum(w.shape, o.shape[1:]), o.dtype)
+                  for w, o in zip(widest or [o[0] for o in outputs], outputs)]
+        for n, i in enumerate(indices[first:first + len(mine)]):
+          outputs_of[i] = tuple(output[n] for output in outputs)
         if shown:
           shown.update(len(indices))
     finally:
       if shown:
         shown.close()
     if hosts > 1 and calls:
-      outputs_of = self._gather(outputs_of, calls)
+      outputs_of = self._gather(outputs_of, calls, widest)
     return outputs_of
 
-  def _gather(self, outputs_of: list, calls) -> list[np.ndarray]:
-    """Every sentence's outputs, from the host that translated it (see `search`)."""
-    width = max(length for _, _, length in calls) + self.config.decode_extra_length
-    local = np.zeros((len(outputs_of), width), np.int32)
-    for i, ids in enumerate(outputs_of):
-      if ids is not None:
-        local[i, :len(ids)] = ids
-    everyone = multihost_utils.process_allgather(local)  # [hosts, sentences, width]
+  def _gather(self, outputs_of: list, calls, widest: list) -> list[tuple[np.ndarray, ...]]:
+    """Every input's outputs, from the host that made them (see `_run`), each padded with zeros
+    to the shape of its kind in `widest`."""
+    gathered = []
+    for part, zeros in enumerate(widest):
+      local = np.zeros((len(outputs_of),) + zeros.shape, zeros.dtype)
+      for i, output in enumerate(outputs_of):
+        if output is not None:
+          local[(i,) + tuple(slice(0, n) for n in output[part].shape)] = output[part]
+      gathered.append(multihost_utils.process_allgather(local))  # [hosts, inputs, ...]
     owner = np.zeros(len(outputs_of), np.int64)
-    for indices, rows, _ in calls:  # where a sentence sits in its call says whose it was
+    for indices, rows, _ in calls:  # where an input sits in its call says whose it was
       owner[indices] = np.arange(len(indices)) // (rows * self.devices)
-    return list(everyone[owner, np.arange(len(outputs_of))])
+    return [tuple(everyone[owner[i], i] for everyone in gathered) for i in range(len(outputs_of))]
 
 
 class DecodingFlags:
   """--average_last, --up_to_step, --beam_size and --alpha, which every command that translates
-  takes; their defaults are the run's config's (the newest checkpoints for --up_to_step)."""
+  takes (a command that only scores, the first two); their defaults are the run's config's (the
+  newest checkpoints for --up_to_step)."""
 
-  def __init__(self):
+  def __init__(self, search: bool = True):
+    self.names = ('average_last', 'up_to_step') + (('beam_size', 'alpha') if search else ())
     self.average_last = flags.DEFINE_integer(
         'average_last', None, 'Average the last N checkpoints (default: the config\'s '
         'average_last, as the paper evaluates: 5 for base, 20 for big).')
     self.up_to_step = flags.DEFINE_integer(
         'up_to_step', None, 'Average the last checkpoints at or before this step: the run as it '
         'stood then, for a learning curve (default: the newest).', lower_bound=0)
+    if not search:
+      return
     self.beam_size = flags.DEFINE_integer('beam_size', None,
                                           'Beam size (default: the config\'s).', lower_bound=1)
     self.alpha = flags.DEFINE_float('alpha', None,
@@ -266,45 +393,88 @@ class DecodingFlags:
 
   def values(self) -> dict:
     """The flags' values, as `load` takes them."""
-    return {name: getattr(self, name).value
-            for name in ('average_last', 'beam_size', 'alpha', 'up_to_step')}
+    return {name: getattr(self, name).value for name in self.names}
 
 
-def load(workdir: str, average_last: int | None = None, beam_size: int | None = None,
-         alpha: float | None = None, up_to_step: int | None = None,
-         config: ml_collections.ConfigDict | None = None):
-  """What translating with a trained run takes, as eval.py and translate.py use it.
+def load(workdir: str | list[str], average_last: int | None = None,
+         beam_size: int | None = None, alpha: float | None = None,
+         up_to_step: int | None = None, config: ml_collections.ConfigDict | None = None,
+         nbest: int = 1, sampling: Sampling | None = None):
+  """What translating with a trained run, or an ensemble of runs, takes, as eval.py, translate.py
+  and score.py use it.
 
   Args:
-    workdir: a train.py workdir, or a Hugging Face Marian directory (its weights as they are).
-    average_last: checkpoints to average (None: the config's average_last).
-    beam_size: None: the config's.
-    alpha: None: the config's.
+    workdir: a train.py workdir, or a Hugging Face Marian directory (its weights as they are); a
+      list of several: their ensemble, which must share a vocabulary and languages.
+    average_last: checkpoints to average in each run (None: its config's average_last).
+    beam_size: None: the (first) config's.
+    alpha: None: the (first) config's.
     up_to_step: average the checkpoints at or before this step (None: the newest).
-    config: the workdir's config, if loaded already (`config.load_workdir_config`); a Marian
-      directory's is needed.
+    config: the (first) workdir's config, if loaded already (`config.load_workdir_config`); a
+      Marian directory's is needed.
+    nbest: the best hypotheses to return per sentence.
+    sampling: sample instead of searching (`Sampling`).
 
   Returns:
-    (a `Translator`, the parameters replicated over the local devices, the run's config, the
-    checkpoint steps averaged (None for a Marian directory)).
+    (a `Translator`, the parameters replicated over the local devices (a tuple of each run's for
+    an ensemble), the (first) run's config, the checkpoint steps averaged (None for a Marian
+    directory; a list of each run's for an ensemble)).
 
   Raises:
-    ConfigError, DataError, CheckpointError, MarianError: the workdir is not a usable run; the
-      message says why.
+    ConfigError, DataError, CheckpointError, MarianError: a workdir is not a usable run, or the
+      runs cannot make an ensemble; the message says why.
   """
-  if config is None:
-    config = config_lib.load_workdir_config(workdir)
-  config = choice.runnable_here(config)
+  workdirs = workdir if isinstance(workdir, list) else [workdir]
+  configs = [choice.runnable_here(config if n == 0 and config is not None else
+                                  config_lib.load_workdir_config(path))
+             for n, path in enumerate(workdirs)]
+  vocabs = [data.marian_vocabulary(path) if marian.is_marian_directory(path) else
+            data.load_vocabulary(run_config, path) for path, run_config in zip(workdirs, configs)]
+  for path, run_config, run_vocab in list(zip(workdirs, configs, vocabs))[1:]:
+    _check_ensemble(workdirs[0], configs[0], vocabs[0], path, run_config, run_vocab)
+  beam_size = configs[0].beam_size if beam_size is None else beam_size
+  alpha = configs[0].alpha if alpha is None else alpha
+  if not 1 <= nbest <= beam_size:
+    raise config_lib.ConfigError(f'--nbest={nbest} asks for more hypotheses than a beam of '
+                                 f'{beam_size} keeps: give --beam_size={nbest} or more')
+  if sampling and sampling.top_k > vocabs[0].vocab_size:
+    raise config_lib.ConfigError(f'--top_k={sampling.top_k} is more than the '
+                                 f'{vocabs[0].vocab_size} tokens of the vocabulary: give fewer, '
+                                 'or 0 for all')
+  loaded = [_params(path, run_config, average_last, up_to_step)
+            for path, run_config in zip(workdirs, configs)]
+  translator = Translator(configs if len(configs) > 1 else configs[0], vocabs[0], beam_size,
+                          alpha, nbest, sampling)
+  params = tuple(train_step.replicate(run_params) for run_params, _ in loaded)
+  steps = [run_steps for _, run_steps in loaded]
+  if len(loaded) == 1:
+    return translator, params[0], configs[0], steps[0]
+  return translator, params, configs[0], steps
+
+
+def _params(workdir: str, config: ml_collections.ConfigDict, average_last: int | None,
+            up_to_step: int | None):
+  """(parameters, checkpoint steps averaged) of one run; `load`'s arguments."""
   if marian.is_marian_directory(workdir):
     if average_last is not None or up_to_step is not None:
       raise config_lib.ConfigError(f'{workdir} is a Hugging Face Marian model, one set of weights: '
                                    '--average_last and --up_to_step choose checkpoints of a '
                                    'train.py run')
-    vocab = data.marian_vocabulary(workdir)
-    params, steps = marian.import_params(workdir, config_lib.model_config(config)), None
-  else:
-    vocab = data.load_vocabulary(config, workdir)
-    params, steps = checkpoints.load_params(workdir, config, average_last, up_to_step)
-  translator = Translator(config, vocab, config.beam_size if beam_size is None else beam_size,
-                          config.alpha if alpha is None else alpha)
-  return translator, train_step.replicate(params), config, steps
+    return marian.import_params(workdir, config_lib.model_config(config)), None
+  return checkpoints.load_params(workdir, config, average_last, up_to_step)
+
+
+def _check_ensemble(first: str, first_config, first_vocab, other: str, other_config,
+                    other_vocab):
+  """Raises ConfigError unless the run in `other` can decode in an ensemble with `first`'s."""
+  languages = lambda config: f'{config.source_lang}-{config.target_lang}'
+  if languages(first_config) != languages(other_config):
+    raise config_lib.ConfigError(
+        f'{first} translates {languages(first_config)} but {other} {languages(other_config)}: an '
+        'ensemble needs runs of one language pair')
+  if first_vocab.files() != other_vocab.files():
+    raise config_lib.ConfigError(
+        f'{first} and {other} have different vocabularies: an ensemble averages the '
+        "probabilities of the same tokens, so its runs must share one: train the others with "
+        f'{os.path.join(first, "vocab")} copied into their workdir before train.py starts (the '
+        'seed draws the sample a vocabulary learns from, so runs of other seeds train others)')
