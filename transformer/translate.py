@@ -211,7 +211,7 @@ class Translator:
             jax.ShapeDtypeStruct((self.devices, rows), np.int32))
 
   def encode(self, sentences: list[str], line_numbers: list[int] | None = None,
-             lines: str = 'input', use: str = 'translated from'):
+             lines: str = 'input line(s)', use: str = 'translated from'):
     """The ids the model reads for each of `sentences`: its pieces and EOS, cut to
     max_source_tokens (a warning names the `lines` cut by their `line_numbers`, if given, and
     what each is then `use`d as)."""
@@ -219,7 +219,7 @@ class Translator:
     too_long = [i for i, ids in enumerate(encoded) if len(ids) > self.max_source_tokens]
     if too_long and line_numbers is not None:
       logging.warning(
-          '%d %s line(s) have more than %d tokens (with EOS), the most config.max_length lets '
+          '%d %s have more than %d tokens (with EOS), the most config.max_length lets '
           'through: line %s; each is %s its first %d tokens only: split such lines into '
           'sentences', len(too_long), lines, self.max_source_tokens,
           ', line '.join(f'{line_numbers[i]} ({len(encoded[i])} tokens)' for i in too_long[:5]) +
@@ -291,8 +291,8 @@ class Translator:
     """(log P(target | source) summed over the target's tokens, that number of tokens) of each
     pair, EOS included; sides of more than max_source_tokens are cut to them, with a warning."""
     numbers = list(range(1, len(sources) + 1))
-    inputs = list(zip(self.encode(sources, numbers, 'source', 'scored with'),
-                      self.encode(targets, numbers, 'target', 'scored on')))
+    inputs = list(zip(self.encode(sources, numbers, 'source line(s)', 'scored with'),
+                      self.encode(targets, numbers, 'target line(s)', 'scored on')))
     return [(float(log_prob), int(tokens)) for log_prob, tokens in
             self._run(self.scoring, params, inputs, numbers, progress, stop=None)]
 

@@ -1,0 +1,95 @@
+r"""Each way translate.py decodes, timed side by side in one process on one trained run and the
+same sentences: beam search, its n-best list, sampling (top-k and nucleus), greedy search and an
+ensemble of two runs.
+
+  python -m benchmarks.decoding_speed --workdir=runs/multi30k [--split=test] [--sentences=N]
+      [--beam_size=4] [--repeats=3] [--label=NAME]
+
+n-best lists of --beam_size and sampling's --beam_size draws hold as many hypotheses per sentence
+as the beam: each is compared with beam search of that width, in sentences per second, as is
+the ensemble (the run twice: two runs' work, whatever their weights). Every way is compiled on
+the sentences first; then --repeats rounds translate them once with each way, the order rotated
+every round (`measure.round_robin`); the median round counts. Adds a row under --label to
+benchmarks/results/decoding_speed.{json,md}.
+"""
+
+import os
+import statistics
+
+from absl import app, flags
+
+from benchmarks import measure
+from transformer import commands, data, translate
+from transformer import config as config_lib
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained train.py workdir.')
+_SPLIT = flags.DEFINE_string('split', 'test', "The run dataset's split to translate.")
+_SENTENCES = flags.DEFINE_integer('sentences', 1000, 'Its first N sentences.', lower_bound=1)
+_BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam size, n-best size and draws per '
+                                  'sentence.', lower_bound=1)
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Rounds of every way.', lower_bound=1)
+_LABEL = flags.DEFINE_string('label', 'current', 'Name of this measurement in the results.')
+_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                              'Where decoding_speed.json and decoding_speed.md go.')
+flags.mark_flag_as_required('workdir')
+
+# What `decoding_speed` promises each way, as the share of beam search's sentences per second
+# (the ensemble: at most ~2.2x its time).
+GOALS = {'nbest': 0.9, 'sampling top-k': 0.9, 'sampling top-p': 0.9, 'ensemble of 2': 1 / 2.2}
+
+
+def ways(beam_size: int) -> dict[str, dict]:
+  """{name: `translate.load`'s arguments} of each way measured."""
+  draws = lambda **settings: translate.Sampling(num_samples=beam_size, seed=0, **settings)
+  return {'beam search': {},
+          'nbest': {'nbest': beam_size},
+          'sampling top-k': {'sampling': draws(top_k=10)},
+          'sampling top-p': {'sampling': draws(top_p=0.9)},
+          'greedy': {'sampling': translate.Sampling(temperature=0.0)},
+          'ensemble of 2': {'ensemble': True}}
+
+
+def measure_ways(workdir: str, sentences: list[str], beam_size: int, repeats: int) -> dict:
+  """{way: sentences per second} of each of `ways`."""
+  calls = {}
+  for name, way in ways(beam_size).items():
+    ensemble = way.pop('ensemble', False)
+    translator, params, _, _ = translate.load([workdir] * 2 if ensemble else workdir,
+                                              beam_size=beam_size, **way)
+    translator.hypotheses(params, sentences)  # compiled
+    calls[name] = lambda translator=translator, params=params: translator.hypotheses(params,
+                                                                                    sentences)
+  times = measure.round_robin(calls, repeats)
+  return {name: len(sentences) / statistics.median(seconds) for name, seconds in times.items()}
+
+
+def markdown(rows: dict) -> str:
+  lines = ['# Decoding speed: every way translate.py decodes, against beam search of its width',
+           '', 'Written by `python -m benchmarks.decoding_speed`; sentences per second, and the '
+           'ratio to beam search in one process (goal: the ratio it must reach at least).', '',
+           '| label | machine | run, sentences, width | way | sentences/s | vs beam search '
+           '(goal) |', '|---|---|---|---|---|---|']
+  for label, row in rows.items():
+    for way, rate in row['sentences_per_sec'].items():
+      goal = f' ({GOALS[way]:.2f})' if way in GOALS else ''
+      lines.append(f'| {label} | {measure.machine_name(row["machine"])} | {row["workdir"]}, '
+                   f'{row["sentences"]}, {row["beam_size"]} | {way} | {rate:.1f} | '
+                   f'{rate / row["sentences_per_sec"]["beam search"]:.2f}{goal} |')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  config = config_lib.load_workdir_config(_WORKDIR.value)
+  commands.set_up_jax(config, _WORKDIR.value)
+  sentences = data.split_texts(config, _SPLIT.value)[0][:_SENTENCES.value]
+  rates = measure_ways(_WORKDIR.value, sentences, _BEAM_SIZE.value, _REPEATS.value)
+  row = {'machine': measure.machine(), 'commit': measure.commit(os.path.dirname(__file__)),
+         'workdir': _WORKDIR.value, 'split': _SPLIT.value, 'sentences': len(sentences),
+         'beam_size': _BEAM_SIZE.value, 'sentences_per_sec': rates}
+  measure.add_row(_OUTPUT.value, 'decoding_speed', _LABEL.value, row, markdown)
+
+
+if __name__ == '__main__':
+  app.run(main)
