@@ -22,17 +22,6 @@ from benchmarks import measure
 from transformer import commands, data, translate
 from transformer import config as config_lib
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained train.py workdir.')
-_SPLIT = flags.DEFINE_string('split', 'test', "The run dataset's split to translate.")
-_SENTENCES = flags.DEFINE_integer('sentences', 1000, 'Its first N sentences.', lower_bound=1)
-_BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam size, n-best size and draws per '
-                                  'sentence.', lower_bound=1)
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Rounds of every way.', lower_bound=1)
-_LABEL = flags.DEFINE_string('label', 'current', 'Name of this measurement in the results.')
-_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
-                              'Where decoding_speed.json and decoding_speed.md go.')
-flags.mark_flag_as_required('workdir')
-
 # What `decoding_speed` promises each way, as the share of beam search's sentences per second
 # (the ensemble: at most ~2.2x its time).
 GOALS = {'nbest': 0.9, 'sampling top-k': 0.9, 'sampling top-p': 0.9, 'ensemble of 2': 1 / 2.2}
@@ -81,17 +70,28 @@ def markdown(rows: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  config = config_lib.load_workdir_config(_WORKDIR.value)
-  commands.set_up_jax(config, _WORKDIR.value)
-  sentences = data.split_texts(config, _SPLIT.value)[0][:_SENTENCES.value]
-  seconds = measure_ways(_WORKDIR.value, sentences, _BEAM_SIZE.value, _REPEATS.value)
+  config = config_lib.load_workdir_config(FLAGS.workdir)
+  commands.set_up_jax(config, FLAGS.workdir)
+  sentences = data.split_texts(config, FLAGS.split)[0][:FLAGS.sentences]
+  seconds = measure_ways(FLAGS.workdir, sentences, FLAGS.beam_size, FLAGS.repeats)
   row = {'machine': measure.machine(), 'commit': measure.commit(os.path.dirname(__file__)),
-         'workdir': _WORKDIR.value, 'split': _SPLIT.value, 'sentences': len(sentences),
-         'beam_size': _BEAM_SIZE.value, 'round_secs': seconds,
+         'workdir': FLAGS.workdir, 'split': FLAGS.split, 'sentences': len(sentences),
+         'beam_size': FLAGS.beam_size, 'round_secs': seconds,
          'sentences_per_sec': {way: len(sentences) / min(rounds)
                                for way, rounds in seconds.items()}}
-  measure.add_row(_OUTPUT.value, 'decoding_speed', _LABEL.value, row, markdown)
+  measure.add_row(FLAGS.output, 'decoding_speed', FLAGS.label, row, markdown)
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # flags here: the tests import the module beside other benchmarks
+  flags.DEFINE_string('workdir', None, 'A trained train.py workdir.')
+  flags.DEFINE_string('split', 'test', "The run dataset's split to translate.")
+  flags.DEFINE_integer('sentences', 1000, 'Its first N sentences.', lower_bound=1)
+  flags.DEFINE_integer('beam_size', 4, 'Beam size, n-best size and draws per sentence.',
+                       lower_bound=1)
+  flags.DEFINE_integer('repeats', 3, 'Rounds of every way.', lower_bound=1)
+  flags.DEFINE_string('label', 'current', 'Name of this measurement in the results.')
+  flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                      'Where decoding_speed.json and decoding_speed.md go.')
+  flags.mark_flag_as_required('workdir')
+  FLAGS = flags.FLAGS
   app.run(main)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from benchmarks import hlo, profile_step, reproduce_multi30k, tpu_plan, wmt_scale, workload
+from benchmarks import (decoding_speed, hlo, profile_step, reproduce_multi30k, tpu_plan,
+                        wmt_scale, workload)
 from benchmarks.measure import round_robin, sustained_rate
 from benchmarks.profile_step import operation_seconds
 from configs import default, multi30k, tiny
@@ -1041,3 +1042,27 @@ def test_the_readmes_interop_table_is_the_benchmarks_row():
     assert (f'| {name} | {engine["sentences_per_sec"]:.1f} | {engine["sacrebleu"]:.2f} | '
             f'{engine["identical_to_ours"] / 10:.1f}% / '
             f'{engine["identical_to_ours_alpha_0"] / 10:.1f}% |') in readme, name
+
+
+def test_decoding_speed_times_every_way_in_rounds_on_the_same_sentences(tiny_run):
+  sentences = ['ab cd', 'ef gh ab', 'cd']
+  seconds = decoding_speed.measure_ways(tiny_run, sentences, beam_size=2, repeats=2)
+  assert list(seconds) == list(decoding_speed.ways(2)) and set(decoding_speed.GOALS) < set(seconds)
+  assert all(len(rounds) == 2 and min(rounds) > 0 for rounds in seconds.values())
+  row = {'machine': {'cores': 2, 'cpu': 'CPU'}, 'workdir': 'W', 'sentences': 3, 'beam_size': 2,
+         'sentences_per_sec': {'beam search': 10.0, 'nbest': 9.5, 'greedy': 30.0}}
+  assert decoding_speed.markdown({'label': row}).splitlines()[-3:] == [
+      '| label | 2 cores, CPU | W, 3, 2 | beam search | 10.0 | 1.00 |',
+      '| label | 2 cores, CPU | W, 3, 2 | nbest | 9.5 | 0.95 (0.90) |',
+      '| label | 2 cores, CPU | W, 3, 2 | greedy | 30.0 | 3.00 |']
+
+
+def test_the_decoding_speed_tables_are_the_results_file():
+  """benchmarks/results/decoding_speed.md and docs/decoding.md's table: its JSON's figures."""
+  results = os.path.join(ROOT, 'benchmarks', 'results', 'decoding_speed')
+  with open(f'{results}.json', encoding='utf-8') as f:
+    table = decoding_speed.markdown(json.load(f))
+  with open(f'{results}.md', encoding='utf-8') as f:
+    assert f.read() == table
+  with open(os.path.join(ROOT, 'docs', 'decoding.md'), encoding='utf-8') as f:
+    assert '\n'.join(table.splitlines()[4:]) in f.read()

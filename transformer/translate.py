@@ -21,8 +21,10 @@ from transformer.kernels import choice, compile_ahead
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
-# Pieces of bytes can spell a line end or a tab: translations are written one per line, in tables.
-ONE_LINE = str.maketrans('\t\n\r', '   ')
+# Pieces of bytes can spell a tab or a line end (any that str.splitlines splits at): translations
+# are written one per line, in tables.
+_BREAKS = '\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029'
+ONE_LINE = str.maketrans(_BREAKS, ' ' * len(_BREAKS))
 
 
 def decode_batches(lengths: list[int], tokens_per_device: int, devices: int):
