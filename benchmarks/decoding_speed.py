@@ -11,7 +11,7 @@ the ensemble (the run twice: two runs' work, whatever their weights). Every way 
 the sentences first; then --repeats rounds translate them once with each way, the order rotated
 every round (`measure.round_robin`); each way's fastest round counts (a shared machine's other
 work only ever slows a round: rounds of one way spread by up to 30% on 2 cores). Adds a row under
---label to benchmarks/results/decoding_speed.{json,md}, with every round's seconds.
+--label to docs/decoding_speed.{json,md}, with every round's seconds.
 """
 
 import os
@@ -90,7 +90,7 @@ if __name__ == '__main__':  # flags here: the tests import the module beside oth
                        lower_bound=1)
   flags.DEFINE_integer('repeats', 3, 'Rounds of every way.', lower_bound=1)
   flags.DEFINE_string('label', 'current', 'Name of this measurement in the results.')
-  flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+  flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), '..', 'docs'),
                       'Where decoding_speed.json and decoding_speed.md go.')
   flags.mark_flag_as_required('workdir')
   FLAGS = flags.FLAGS

@@ -1058,8 +1058,8 @@ def test_decoding_speed_times_every_way_in_rounds_on_the_same_sentences(tiny_run
 
 
 def test_the_decoding_speed_tables_are_the_results_file():
-  """benchmarks/results/decoding_speed.md and docs/decoding.md's table: its JSON's figures."""
-  results = os.path.join(ROOT, 'benchmarks', 'results', 'decoding_speed')
+  """docs/decoding_speed.md and docs/decoding.md's table: its JSON's figures."""
+  results = os.path.join(ROOT, 'docs', 'decoding_speed')
   with open(f'{results}.json', encoding='utf-8') as f:
     table = decoding_speed.markdown(json.load(f))
   with open(f'{results}.md', encoding='utf-8') as f:
