@@ -1,7 +1,8 @@
 r"""Evaluates a trained run: translates a split or a file and scores both BLEUs.
 
   python eval.py --workdir=DIR [--split=test] [--source_file=F --reference_file=R]
-      [--average_last=N] [--up_to_step=S] [--beam_size=B] [--alpha=A] --output_dir=D
+      [--average_last=N] [--up_to_step=S] [--beam_size=B] [--alpha=A] [--target_lang=LANG]
+      --output_dir=D
 
 writes D/hypotheses.txt (one translation per line, input order) and D/scores.json: `sacrebleu` and
 `sacrebleu_signature` (detokenized, 13a), `bleu_paper` (Moses-tokenized, compound-split, as the
@@ -10,6 +11,9 @@ Moses-tokenized, as the multimodal-translation literature scores Multi30k) and
 `bleu_lowercased_variant`, `chrf` and `chrf_signature` (sacreBLEU's chrF2), `num_sentences`,
 `checkpoint_steps`,
 the decoding settings, `sentences_per_sec` after compilation and `compile_secs`.
+
+A run of several language pairs (config.pairs) is scored on one: --target_lang names it (the
+split's pair into that language; each source starts with its tag).
 
 --workdir may be a Hugging Face Marian directory instead (an OPUS-MT model, an export.py output):
 its weights as they are, its generation_config.json's beam size and length penalty, the
@@ -46,8 +50,9 @@ class EvalError(ValueError):
   """Bad evaluation input; the message names the file or flag."""
 
 
-def evaluation_texts(config) -> tuple[list[str], list[str], str]:
-  """(sources, references, what they are) from the flags."""
+def evaluation_texts(config, pair) -> tuple[list[str], list[str], str]:
+  """(sources, references, what they are) from the flags; those of `pair` of a multilingual run,
+  its sources tagged."""
   if (_SOURCE_FILE.value is None) != (_REFERENCE_FILE.value is None):
     raise EvalError('--source_file and --reference_file go together')
   if marian.is_marian_directory(_WORKDIR.value):
@@ -59,10 +64,16 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
                       'the target language: add "language: [SOURCE, TARGET]" (e.g. [en, de]) '
                       'between "---" lines at its top')
   if _SOURCE_FILE.value is None:
+    into = [f'{source}-{target}' for source, target in config_lib.language_pairs(config)
+            if pair and target == pair[1]]
+    if len(into) > 1:
+      raise EvalError(f'--target_lang={pair[1]}: the run translates {" and ".join(into)}, and a '
+                      'split holds each: give its --source_file and --reference_file instead')
     with config_lib.fixes_in_run_config(_WORKDIR.value):
-      sources, references = data.split_texts(config, _SPLIT.value)
-    return sources, references, f'{config.dataset} {_SPLIT.value}'
-  sources = data.read_lines(_SOURCE_FILE.value)
+      sources, references = data.split_texts(config, _SPLIT.value, pair)
+    return sources, references, f'{config.dataset} {_SPLIT.value}' + (
+        f' {"-".join(pair)}' if pair else '')
+  sources = translate.tag_sources(pair, data.read_lines(_SOURCE_FILE.value))
   references = data.read_lines(_REFERENCE_FILE.value)
   if len(sources) != len(references):
     raise EvalError(f'{_SOURCE_FILE.value} has {len(sources)} lines but {_REFERENCE_FILE.value} '
@@ -72,25 +83,26 @@ def evaluation_texts(config) -> tuple[list[str], list[str], str]:
   return sources, references, _SOURCE_FILE.value
 
 
-def evaluate(config, sources: list[str], references: list[str],
-             name: str) -> tuple[list[str], dict]:
+def evaluate(config, sources: list[str], references: list[str], name: str,
+             target_lang: str | None) -> tuple[list[str], dict]:
   """(the hypotheses, scores.json's dict) of the run in --workdir, whose config is `config`, on
-  `sources`."""
+  `sources`, in `target_lang` (None: the run's)."""
   translator, params, config, steps = translate.load(_WORKDIR.value, **_DECODING.values(),
                                                      config=config)
   began = time.time()
   hypotheses = translator.translate(params, sources, progress=True)
   seconds = time.time() - began
-  sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, config.target_lang)
-  compound_split = config_lib.compound_split(config)
+  language = target_lang or config.target_lang
+  sacrebleu_score, signature = bleu.sacrebleu_score(hypotheses, references, language)
+  compound_split = config_lib.compound_split(config, language)
   chrf, chrf_signature = bleu.chrf_score(hypotheses, references)
   return hypotheses, {
       'sacrebleu': sacrebleu_score,
       'sacrebleu_signature': signature,
-      'bleu_paper': bleu.paper_bleu(hypotheses, references, config.target_lang, compound_split),
+      'bleu_paper': bleu.paper_bleu(hypotheses, references, language, compound_split),
       'bleu_paper_variant': bleu.paper_variant(compound_split),
-      'bleu_lowercased': bleu.lowercase_bleu(hypotheses, references, config.target_lang),
-      'bleu_lowercased_variant': bleu.lowercase_variant(config.target_lang),
+      'bleu_lowercased': bleu.lowercase_bleu(hypotheses, references, language),
+      'bleu_lowercased_variant': bleu.lowercase_variant(language),
       'chrf': chrf,
       'chrf_signature': chrf_signature,
       'num_sentences': len(sources),
@@ -112,11 +124,13 @@ def main(argv):
     # The texts and the outputs first: bad ones fail before the model is loaded.
     stored_config = config_lib.load_workdir_config(_WORKDIR.value, default.get_config)
     commands.set_up_jax(stored_config, _WORKDIR.value)
-    sources, references, name = evaluation_texts(stored_config)
+    pair = _DECODING.pair(stored_config)
+    sources, references, name = evaluation_texts(stored_config, pair)
     with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):
       for path in outputs:
         files.check_writable(path, '--output_dir')
-      hypotheses, scores = evaluate(stored_config, sources, references, name)
+      hypotheses, scores = evaluate(stored_config, sources, references, name,
+                                    pair and pair[1])
       files.write_atomically(outputs[0], ''.join(h + '\n' for h in hypotheses))
       files.write_atomically(outputs[1], json.dumps(scores, indent=2) + '\n')
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,

@@ -153,6 +153,11 @@ def main(argv):
     sys.exit('export.py: --quantization is for --format=ctranslate2; transformers gets float32')
   try:
     config = config_lib.load_workdir_config(_WORKDIR.value)
+    if config.pairs:
+      # MarianTokenizer spells a tag after a lone word-start piece, which the run never read.
+      raise ExportError(f'{_WORKDIR.value} translates several pairs (config.pairs='
+                        f'{config.pairs!r}), with source tags that Marian\'s tokenizer splits '
+                        'otherwise: only runs of one pair are exported')
     marian.check_exportable(dict(config.model))
     check_output_dir(_OUTPUT_DIR.value)
     commands.set_up_jax(config, _WORKDIR.value)

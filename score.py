@@ -1,13 +1,14 @@
 r"""Scores given translations: the log-probability of each target line given its source line.
 
   python score.py --workdir=DIR [--workdir=DIR2 ...] --source_file=S --target_file=T
-      [--output=F] [--average_last=N] [--up_to_step=S]
+      [--output=F] [--average_last=N] [--up_to_step=S] [--target_lang=LANG]
 
 writes (--output, default: stdout) tab-separated rows under a header: `line`, `log_prob` (natural
 log, summed over the target's tokens, EOS included), `tokens` and `log_prob_per_token`, from one
 teacher-forced pass over each pair, with the checkpoints eval.py averages; several --workdir score
 with their ensemble (the renormalized mean of their log-probabilities, as translate.py decodes).
-For reranking n-best lists, filtering noisy pairs, or forced decoding.
+For reranking n-best lists, filtering noisy pairs, or forced decoding. A run of several language
+pairs (config.pairs) scores translations into --target_lang.
 """
 
 if __name__ == '__main__':  # first: a Ctrl-C in the imports below (seconds) ends in one line
@@ -43,6 +44,7 @@ def main(argv):
     workdirs = _WORKDIR.value
     config = config_lib.load_workdir_config(workdirs[0], default.get_config)
     commands.set_up_jax(config, workdirs[0])
+    pair = _CHECKPOINTS.pair(config)
     if _OUTPUT.value:
       files.check_writable(_OUTPUT.value, f'--output={_OUTPUT.value}')
     sources, targets = data.read_lines(_SOURCE_FILE.value), data.read_lines(_TARGET_FILE.value)
@@ -52,7 +54,8 @@ def main(argv):
                            'by line')
     translator, params, _, steps = translate.load(
         workdirs if len(workdirs) > 1 else workdirs[0], **_CHECKPOINTS.values(), config=config)
-    scores = translator.score(params, sources, targets, progress=True)
+    scores = translator.score(params, translate.tag_sources(pair, sources), targets,
+                              progress=True)
     text = TABLE_HEADER + ''.join(f'{line}\t{log_prob:.4f}\t{tokens}\t{log_prob / tokens:.4f}\n'
                                   for line, (log_prob, tokens) in enumerate(scores, 1))
     if _OUTPUT.value:

@@ -3,10 +3,13 @@ r"""Translates sentences with a trained run: one sentence per line in, one trans
   python translate.py --workdir=DIR [--workdir=DIR2 ...] [--input=FILE] [--output=FILE]
       [--average_last=N] [--up_to_step=S] [--beam_size=B] [--alpha=A] [--nbest=N]
       [--sampling=greedy|topk|topp [--top_k=K] [--top_p=P] [--temperature=T] [--seed=S]
-      [--num_samples=M]]
+      [--num_samples=M]] [--target_lang=LANG]
 
 reads --input (default: stdin) and writes --output (default: stdout), with the mean of the run's
 last average_last checkpoints and its beam search settings unless the flags say otherwise.
+A run of several language pairs (config.pairs) translates into --target_lang: each line starts
+with that language's tag (<2fr>) before the model reads it.
+
 --workdir may be a Hugging Face Marian directory instead (an OPUS-MT model, an export.py output):
 its weights as they are, with its generation_config.json's beam size and length penalty.
 
@@ -108,6 +111,7 @@ def main(argv):
     config = config_lib.load_workdir_config(workdirs[0], default.get_config)
     commands.set_up_jax(config, workdirs[0])
     drawing = sampling()
+    pair = _DECODING.pair(config)
     if _OUTPUT.value:
       files.check_writable(_OUTPUT.value, f'--output={_OUTPUT.value}')
     # As bytes: a line that is not UTF-8 gets its number in a DataError, not a surrogate escape.
@@ -121,7 +125,8 @@ def main(argv):
         workdirs if len(workdirs) > 1 else workdirs[0], **_DECODING.values(), config=config,
         nbest=_NBEST.value or 1, sampling=drawing)
     began = time.time()
-    hypotheses = translator.hypotheses(params, sentences, progress=True)
+    hypotheses = translator.hypotheses(params, translate.tag_sources(pair, sentences),
+                                       progress=True)
     logging.info('%d sentences in %.1f s with checkpoints %s', len(sentences),
                  time.time() - began, steps)
     if _NBEST.value or _NUM_SAMPLES.value:

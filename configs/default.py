@@ -26,6 +26,15 @@ def get_config():
   config.dataset = 'wmt14_translate/de-en'  # a TFDS name, 'multi30k', 'text' or 'synthetic'
   config.source_lang = 'en'
   config.target_lang = 'de'
+  # One model for several pairs, e.g. 'en-de,en-fr' (Johnson et al. 2017): each source starts with
+  # a tag of its target language (<2de>, <2fr>), a piece of the shared vocabulary; training mixes
+  # the pairs' data, evaluation scores each pair. source_lang and target_lang are then its first.
+  # Empty: source_lang -> target_lang, untagged.
+  config.pairs = ''
+  # Tags that may start a source in the data besides those (comma-separated), each made one piece
+  # of the vocabulary: e.g. '<BT>' marking back-translated pairs (Caswell et al. 2019,
+  # docs/back_translation.md).
+  config.source_tags = ''
   # Files fetched by hand: Multi30k's nine, or a TFDS dataset's downloads named as in their URLs
   # (prepare.py lists them when a download fails); empty = download.
   config.manual_dir = ''

@@ -163,7 +163,7 @@ def test_runs_that_cannot_make_an_ensemble_and_bad_decoding_requests_get_one_lin
                                                   f'--input={path}', *args))
   assert translate(f'--workdir={other_pair}') == (
       f'translate.py: {workdir} translates en-de but {other_pair} en-fr: an ensemble needs runs '
-      'of one language pair')
+      'of the same language pairs')
   assert translate(f'--workdir={other_vocab}') == (
       f'translate.py: {workdir} and {other_vocab} have different vocabularies: an ensemble '
       'averages the probabilities of the same tokens, so its runs must share one: train the '

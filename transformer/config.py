@@ -103,6 +103,53 @@ def _check_choice(config, key: str, choices):
   return value
 
 
+def language_pairs(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
+  """(source, target) of each language pair the model translates: config.pairs's, or else the
+  one of config.source_lang and target_lang."""
+  if config.get('pairs'):
+    return [tuple(pair.split('-')) for pair in config.pairs.split(',')]
+  return [(config.source_lang, config.target_lang)]
+
+
+def _check_pairs(config: ml_collections.ConfigDict):
+  tags = _get(config, 'source_tags')
+  if not isinstance(tags, str) or tags and not all(
+      re.fullmatch(r'<[^\s<>,]+>', tag) for tag in tags.split(',')):
+    _fail('source_tags', tags, "must be comma-separated tags such as '<BT>' (no spaces), or empty")
+  if tags and config.init_from:
+    _fail('source_tags', tags, "a Marian model's vocabulary (config.init_from) takes no new "
+          'pieces: leave it empty')
+  pairs = _get(config, 'pairs')
+  if not isinstance(pairs, str):
+    _fail('pairs', pairs, "must be comma-separated language pairs, e.g. 'en-de,en-fr', or empty")
+  if not pairs:
+    return
+  example = "comma-separated pairs of two language codes, e.g. 'en-de,en-fr'"
+  for pair in pairs.split(','):
+    languages = pair.split('-')
+    if len(languages) != 2 or not all(re.fullmatch(r'[A-Za-z_]+', lang) for lang in languages):
+      _fail('pairs', pairs, f'{pair!r} is not a language pair; give {example}')
+    if languages[0] == languages[1]:
+      _fail('pairs', pairs, f'{pair!r} translates a language into itself; give {example}')
+    if config.dataset == 'multi30k' and not set(languages) <= set(MULTI30K_LANGUAGES):
+      _fail('pairs', pairs, f'{pair!r}: Multi30k has {", ".join(MULTI30K_LANGUAGES)} only')
+  if len(set(pairs.split(','))) != len(pairs.split(',')) or len(pairs.split(',')) < 2:
+    _fail('pairs', pairs, f'a multilingual model needs two or more different pairs; give {example}, '
+          'or leave it empty for config.source_lang-config.target_lang')
+  first = language_pairs(config)[0]
+  if (config.source_lang, config.target_lang) != first:
+    _fail('pairs', pairs, f'its first pair is {"-".join(first)} but config.source_lang-'
+          f'config.target_lang is {config.source_lang}-{config.target_lang}: set those to the '
+          'first pair')
+  clash = {f'<2{target}>' for _, target in language_pairs(config)} & set(tags.split(','))
+  if clash:
+    _fail('source_tags', tags, f'{clash.pop()} is the tag of a target language of config.pairs '
+          'already')
+  if config.init_from:
+    _fail('pairs', pairs, 'a Marian model (config.init_from) has no tags of ours for its target '
+          'languages: fine-tune it on one pair, with config.pairs empty')
+
+
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Returns `config` unchanged if every key is usable, else raises ConfigError."""
   # Model.
@@ -160,6 +207,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if dataset == 'multi30k':
     _check_choice(config, 'source_lang', MULTI30K_LANGUAGES)
     _check_choice(config, 'target_lang', MULTI30K_LANGUAGES)
+  _check_pairs(config)
   if not isinstance(_get(config, 'manual_dir'), str):
     _fail('manual_dir', config.manual_dir, 'must be a directory path or empty')
   _check_choice(config, 'vocab_model_type', ('bpe', 'unigram'))
@@ -275,9 +323,9 @@ def with_imported_model(config: ml_collections.ConfigDict) -> ml_collections.Con
   return config
 
 
-def compound_split(config: ml_collections.ConfigDict) -> bool:
-  """Whether the paper BLEU of config.target_lang splits compounds (##AT##)."""
-  return config.target_lang in config.compound_split_languages.split(',')
+def compound_split(config: ml_collections.ConfigDict, target_lang: str) -> bool:
+  """Whether the paper BLEU of translations into `target_lang` splits compounds (##AT##)."""
+  return target_lang in config.compound_split_languages.split(',')
 
 
 # Keys added after the first runs, each with the value that keeps the behaviour from before it: a
@@ -285,7 +333,8 @@ def compound_split(config: ml_collections.ConfigDict) -> bool:
 ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
               'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
               'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'cooldown_steps': 0, 'init_from': '', 'final_bleu_splits': 'validation,test'}
+              'cooldown_steps': 0, 'init_from': '', 'final_bleu_splits': 'validation,test',
+              'pairs': '', 'source_tags': ''}
 # Model keys added after the first runs (Marian's variants, transformer/marian.py), each with its
 # choices; the first is the value that keeps the behaviour from before it.
 ADDED_MODEL_KEY_CHOICES = {'activation': ('relu', 'swish', 'gelu'),

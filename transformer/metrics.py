@@ -63,13 +63,17 @@ class MetricsWriter:
                                                      wall_time=time.time()))
       self.tensorboard.flush()
 
-  def write(self, step: int, values: dict, split: str | None = None):
+  def write(self, step: int, values: dict, split: str | None = None, pair: str | None = None):
+    """One row: `values` at `step`, of training or of an evaluation `split` (of one language
+    `pair` of a multilingual model, such as 'en-de')."""
     if not self.enabled:
       return
     # 'time' (seconds since the epoch) puts the curves against wall-clock time (transformer.plots).
-    row = {'step': step, **({'split': split} if split else {}), 'time': time.time(), **values}
+    row = {'step': step, **({'split': split} if split else {}), **({'pair': pair} if pair else {}),
+           'time': time.time(), **values}
     append_line(self.path, json.dumps(row))
     prefix = f'{split}/' if split else 'train/'
+    prefix += f'{pair}/' if pair else ''
     self._add(step, [scalar(prefix + key, value) for key, value in values.items()
                      if isinstance(value, (int, float))])
 

@@ -3,7 +3,9 @@
 - `curves`: training curves from metrics.jsonl: loss, perplexity, learning rate and BLEU against
   the step (top row) and against hours since the run's first logged row (bottom row). Each run is
   one colour, named by its workdir; training is a solid line, validation dashed with dots, and the
-  BLEU of checkpoint averages (the end of training) a circle (validation) or a star (test).
+  BLEU of checkpoint averages (the end of training) a circle (validation) or a star (test). A
+  multilingual run's pairs are evaluated apart: the first as above, the others dotted (dash-dot)
+  with hollow marks.
 - `attention_figures`: attention heatmaps of one translation, where each layer and head looks.
   The sentence is translated with beam search, as eval.py does, then the model runs once over the
   source and that translation with the 'intermediates' collection mutable: each attention layer
@@ -35,6 +37,8 @@ PANELS = (
     ('learning rate', 'learning_rate', ('train',), False),
     ('sacreBLEU', 'sacrebleu', ('validation', 'test'), False),
 )
+
+PAIR_LINES = ('--', ':', '-.')  # evaluation curves of a multilingual run's pairs, in turn
 
 
 class PlotError(ValueError):
@@ -81,16 +85,16 @@ def read_metrics(workdir: str) -> list[dict]:
   return rows
 
 
-def series(rows: list[dict], split: str, metric: str,
-           averaged: bool = False) -> list[tuple[int, float, float | None]]:
-  """(step, value, seconds since the first row or None) of `metric` in `split`'s rows, in step
-  order: those of the current parameters, or (`averaged`) of checkpoint averages, as at the end
-  of training. A resumed run logs again from its checkpoint's step: later rows replace earlier
-  ones."""
+def series(rows: list[dict], split: str, metric: str, averaged: bool = False,
+           pair: str | None = None) -> list[tuple[int, float, float | None]]:
+  """(step, value, seconds since the first row or None) of `metric` in `split`'s rows (those of
+  one language `pair` of a multilingual run), in step order: those of the current parameters, or
+  (`averaged`) of checkpoint averages, as at the end of training. A resumed run logs again from
+  its checkpoint's step: later rows replace earlier ones."""
   start = next((row['time'] for row in rows if 'time' in row), None)
   points = {}
   for row in rows:
-    if (row.get('split', 'train') == split and metric in row
+    if (row.get('split', 'train') == split and row.get('pair') == pair and metric in row
         and ('checkpoint_steps' in row) == averaged):
       for step in [s for s in points if s >= row['step']]:
         del points[step]
@@ -108,18 +112,24 @@ def curves(runs: dict[str, list[dict]]) -> Figure:
     for row, x_label in enumerate(('step', 'hours')):
       ax = axes[row, column]
       for colour, (name, rows) in zip(colours, runs.items()):
-        for split, averaged in itertools.product(splits, (False, True)):
-          points = series(rows, split, metric, averaged)
+        pairs = sorted({row['pair'] for row in rows if 'pair' in row}) or [None]
+        for split, (number, pair), averaged in itertools.product(splits, enumerate(pairs),
+                                                                  (False, True)):
+          points = series(rows, split, metric, averaged, None if split == 'train' else pair)
           if row == 1:
             points = [p for p in points if p[2] is not None]
-          if not points:
+          if not points or split == 'train' and number:
             continue
           xs = [p[0] if row == 0 else p[2] / 3600 for p in points]
           if averaged:  # checkpoint averages: points, not a curve
             style = dict(linestyle='none', marker='*' if split == 'test' else 'o', markersize=8)
           else:
-            style = dict(linestyle='-') if split == 'train' else dict(linestyle='--', marker='.')
-          label = f'{name} ({split}{", averaged" if averaged else ""})'
+            style = dict(linestyle='-') if split == 'train' else dict(
+                linestyle=PAIR_LINES[number % len(PAIR_LINES)], marker='.')
+          if number:  # a multilingual run's other pairs: hollow marks
+            style['fillstyle'] = 'none'
+          label = (f'{name} ({split}{f" {pair}" if pair and split != "train" else ""}'
+                   f'{", averaged" if averaged else ""})')
           ax.plot(xs, [p[1] for p in points], color=colour, label=label, **style)
       ax.set_title(f'{title} ({", ".join(splits)})' if len(splits) == 1 else title)
       ax.set_xlabel(x_label)

@@ -36,7 +36,8 @@ from transformer.files import (DirectoryError, check_writable, make_directory, s
 
 # Keys a resumed run must share with the stored config.json: they fix the parameters' shapes
 # and meaning, and the vocabulary.
-RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang')
+RESUME_KEYS = ('model', 'vocab_size', 'vocab_model_type', 'dataset', 'source_lang', 'target_lang',
+               'pairs', 'source_tags')
 # Model keys that choose how the model computes, not its parameters: a resumed run may change
 # them, and a config.json from before they existed lacks them.
 IMPLEMENTATION_KEYS = ('attention_implementation', 'output_projection_dtype')
@@ -213,7 +214,8 @@ class _OptimizerStep:
 
 
 class _Evaluator:
-  """Validation loss and BLEU at given parameters; each split is read and tokenized once."""
+  """Validation loss and BLEU at given parameters, of each language pair of a multilingual model
+  apart; each split is read and tokenized once."""
 
   def __init__(self, config, vocab, steps: train_step.StepFunctions, shard: dict,
                writer: metrics.MetricsWriter):
@@ -222,8 +224,10 @@ class _Evaluator:
     # Keyed by the batch's shapes.
     self.eval_programs = compile_ahead.Programs(jax.pmap(steps.eval_step, train_step.AXIS))
     self.translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
-    self.batches = {}  # split -> its loss batches
-    self.texts = {}  # split -> (sources, references)
+    # (source, target) of each pair of a multilingual model; None: the one pair, untagged.
+    self.pairs = config_lib.language_pairs(config) if config.pairs else [None]
+    self.batches = {}  # (split, pair) -> its loss batches
+    self.texts = {}  # (split, pair) -> (sources, references)
     self.ahead = compile_ahead.Background()
 
   def compile_ahead(self, packed_params, loss_splits: list[str], bleu_splits: list[str]):
@@ -242,12 +246,12 @@ class _Evaluator:
         self.steps.param_shapes)
 
     def programs_and_args():  # in the order the run needs them
-      for split in loss_splits:
-        for batch in self._loss_batches(split):
+      for split, pair in itertools.product(loss_splits, self.pairs):
+        for batch in self._loss_batches(split, pair):
           yield self.eval_programs, (self._loss_key(batch), packed_params, batch)
-      for split in bleu_splits:
+      for split, pair in itertools.product(bleu_splits, self.pairs):
         try:
-          sources = self._texts(split)[0]
+          sources = self._texts(split, pair)[0]
         except data.DataError:
           continue  # `bleu` reports it when it gets there
         for args in self.translator.search_programs(params, sources):
@@ -264,53 +268,63 @@ class _Evaluator:
     run has seconds left)."""
     self.ahead.close()
 
-  def _loss_batches(self, split: str) -> list:
-    if split not in self.batches:
-      self.batches[split] = list(data.eval_batches(self.config, self.vocab, split, **self.shard))
-    return self.batches[split]
+  def _loss_batches(self, split: str, pair) -> list:
+    if (split, pair) not in self.batches:
+      self.batches[split, pair] = list(data.eval_batches(
+          self.config, self.vocab, split, **self.shard,
+          corpus=data.load_split(self.config, split, pair)))
+    return self.batches[split, pair]
 
-  def _texts(self, split: str) -> tuple[list[str], list[str]]:
-    """(sources, references) of `split`. Raises DataError where it has none."""
-    if split not in self.texts:
-      self.texts[split] = data.split_texts(self.config, split)
-    return self.texts[split]
+  def _texts(self, split: str, pair) -> tuple[list[str], list[str]]:
+    """(sources, references) of `split` (of `pair`). Raises DataError where it has none."""
+    if (split, pair) not in self.texts:
+      self.texts[split, pair] = data.split_texts(self.config, split, pair)
+    return self.texts[split, pair]
 
   @staticmethod
   def _loss_key(batch) -> tuple:
     return tuple((name, value.shape) for name, value in sorted(batch.items()))
 
   def loss(self, params, step: int, split: str):
-    """Logs the loss on `split` at a packed state's `params`."""
-    sums = [self.eval_programs.get(self._loss_key(batch), params, batch)(params, batch)
-            for batch in self._loss_batches(split)]
-    summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
-                                 for s in jax.device_get(sums)])
-    values = {k: summary[k] for k in ('loss', 'nll', 'perplexity', 'accuracy')}
-    logging.info('%s at step %d: loss %.4f | nll %.4f | ppl %.2f | acc %.1f%%', split, step,
-                 values['loss'], values['nll'], values['perplexity'], 100 * values['accuracy'])
-    self.writer.write(step, values, split=split)
+    """Logs the loss on `split` (on each pair's part) at a packed state's `params`."""
+    for pair in self.pairs:
+      sums = [self.eval_programs.get(self._loss_key(batch), params, batch)(params, batch)
+              for batch in self._loss_batches(split, pair)]
+      summary = metrics.summarize([jax.tree_util.tree_map(lambda x: x[0], s)
+                                   for s in jax.device_get(sums)])
+      values = {k: summary[k] for k in ('loss', 'nll', 'perplexity', 'accuracy')}
+      logging.info('%s at step %d: loss %.4f | nll %.4f | ppl %.2f | acc %.1f%%',
+                   _name(split, pair), step, values['loss'], values['nll'], values['perplexity'],
+                   100 * values['accuracy'])
+      self.writer.write(step, values, split=split, pair=pair and '-'.join(pair))
 
   def bleu(self, params, step: int, split: str, checkpoint_steps: list[int] | None = None,
            stop=None) -> bool:
-    """Translates `split`; logs both BLEUs and a few examples (and which checkpoints were
-    averaged into `params`, if given). False if `stop` (see `Translator.translate`) cut it short."""
+    """Translates `split` (each pair's part); logs both BLEUs and a few examples (and which
+    checkpoints were averaged into `params`, if given). False if `stop` (see
+    `Translator.translate`) cut it short."""
+    return all(self._pair_bleu(params, step, split, pair, checkpoint_steps, stop)
+               for pair in self.pairs)
+
+  def _pair_bleu(self, params, step: int, split: str, pair, checkpoint_steps, stop) -> bool:
+    name = _name(split, pair)
     try:
-      sources, references = self._texts(split)
+      sources, references = self._texts(split, pair)
     except data.DataError as error:
-      logging.warning('no BLEU on %s: %s', split, error)
+      logging.warning('no BLEU on %s: %s', name, error)
       return True
-    logging.info('translating %s (%d sentences) at step %d', split, len(sources), step)
+    logging.info('translating %s (%d sentences) at step %d', name, len(sources), step)
     try:
       # With its progress and time left: an untrained model's outputs are long.
       hypotheses = self.translator.translate(params, sources, progress=True, stop=stop)
     except translate.Interrupted as error:
-      logging.info('%s BLEU at step %d: %s', split, step, error)
+      logging.info('%s BLEU at step %d: %s', name, step, error)
       return False
-    language = self.config.target_lang
+    language = pair[1] if pair else self.config.target_lang
     values = {'sacrebleu': bleu.sacrebleu_score(hypotheses, references, language)[0],
               'bleu_paper': bleu.paper_bleu(hypotheses, references, language,
-                                            config_lib.compound_split(self.config))}
-    logging.info('%s BLEU at step %d%s: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', split,
+                                            config_lib.compound_split(self.config, language))}
+    logging.info('%s BLEU at step %d%s: sacreBLEU %.2f | paper BLEU %.2f (%d sentences)', name,
                  step, f', checkpoints {checkpoint_steps} averaged' if checkpoint_steps else '',
                  values['sacrebleu'], values['bleu_paper'], len(sources))
     if checkpoint_steps:
@@ -319,9 +333,14 @@ class _Evaluator:
     for source, reference, hypothesis in samples[:3]:
       logging.info('  source:      %s\n  reference:   %s\n  translation: %s', source, reference,
                    hypothesis)
-    self.writer.write(step, values, split=split)
-    self.writer.write_text(step, f'{split}/translations', samples_table(samples))
+    self.writer.write(step, values, split=split, pair=pair and '-'.join(pair))
+    self.writer.write_text(step, f'{name.replace(" ", "/")}/translations', samples_table(samples))
     return True
+
+
+def _name(split: str, pair) -> str:
+  """`split`, and the language pair of a multilingual model's part of it: 'validation en-de'."""
+  return f'{split} {"-".join(pair)}' if pair else split
 
 
 def samples_table(samples: list[tuple[str, str, str]]) -> str:

@@ -373,10 +373,14 @@ class Translator:
 class DecodingFlags:
   """--average_last, --up_to_step, --beam_size and --alpha, which every command that translates
   takes (a command that only scores, the first two); their defaults are the run's config's (the
-  newest checkpoints for --up_to_step)."""
+  newest checkpoints for --up_to_step). And --target_lang, which picks the pair of a multilingual
+  run (`pair`)."""
 
   def __init__(self, search: bool = True):
     self.names = ('average_last', 'up_to_step') + (('beam_size', 'alpha') if search else ())
+    self.target_lang = flags.DEFINE_string(
+        'target_lang', None, 'The language to translate into, for a run of several pairs '
+        '(config.pairs): each source starts with its tag. A run of one pair needs none.')
     self.average_last = flags.DEFINE_integer(
         'average_last', None, 'Average the last N checkpoints (default: the config\'s '
         'average_last, as the paper evaluates: 5 for base, 20 for big).')
@@ -396,6 +400,39 @@ class DecodingFlags:
   def values(self) -> dict:
     """The flags' values, as `load` takes them."""
     return {name: getattr(self, name).value for name in self.names}
+
+  def pair(self, config: ml_collections.ConfigDict) -> tuple[str, str] | None:
+    """The pair of a multilingual run (config.pairs) that translates into --target_lang (the
+    first, where several do); None for a run of one pair, which --target_lang may only name.
+
+    Raises:
+      ConfigError: --target_lang is missing for a multilingual run, or names a language the run
+        does not translate into.
+    """
+    pairs, target = config_lib.language_pairs(config), self.target_lang.value
+    targets = ', '.join(dict.fromkeys(pair_target for _, pair_target in pairs))
+    if not config.pairs:
+      if target not in (None, config.target_lang):
+        raise config_lib.ConfigError(
+            f'--target_lang={target}: the run translates {config.source_lang} into '
+            f'{config.target_lang} only: give --target_lang={config.target_lang} or none')
+      return None
+    if target is None:
+      raise config_lib.ConfigError(
+          f'the run translates into {targets} (config.pairs={config.pairs!r}): give '
+          '--target_lang=LANG, one of those')
+    chosen = [pair for pair in pairs if pair[1] == target]
+    if not chosen:
+      raise config_lib.ConfigError(
+          f'--target_lang={target}: the run was not trained to translate into it (config.pairs='
+          f'{config.pairs!r}); give one of {targets}')
+    return chosen[0]
+
+
+def tag_sources(pair: tuple[str, str] | None, sentences: list[str]) -> list[str]:
+  """`sentences`, each (but a blank one) starting with the tag of `pair`'s target language, as a
+  multilingual run reads them (`DecodingFlags.pair`); as they are for `pair` None."""
+  return data.tagged(data.language_tag(pair[1]), sentences) if pair else sentences
 
 
 def load(workdir: str | list[str], average_last: int | None = None,
@@ -469,11 +506,11 @@ def _params(workdir: str, config: ml_collections.ConfigDict, average_last: int |
 def _check_ensemble(first: str, first_config, first_vocab, other: str, other_config,
                     other_vocab):
   """Raises ConfigError unless the run in `other` can decode in an ensemble with `first`'s."""
-  languages = lambda config: f'{config.source_lang}-{config.target_lang}'
+  languages = lambda config: config.pairs or f'{config.source_lang}-{config.target_lang}'
   if languages(first_config) != languages(other_config):
     raise config_lib.ConfigError(
         f'{first} translates {languages(first_config)} but {other} {languages(other_config)}: an '
-        'ensemble needs runs of one language pair')
+        'ensemble needs runs of the same language pairs')
   if first_vocab.files() != other_vocab.files():
     raise config_lib.ConfigError(
         f'{first} and {other} have different vocabularies: an ensemble averages the '

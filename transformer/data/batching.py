@@ -367,7 +367,7 @@ def train_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, process_
 
 def eval_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, split: str,
                  process_index: int = 0, process_count: int = 1, num_devices: int = 1,
-                 all_gather: AllGather = all_hosts):
+                 all_gather: AllGather = all_hosts, corpus: sources.Corpus | None = None):
   """One pass over `split`, its pairs packed into max_length rows whatever config.packing: one
   shape to compile and little padding, and the loss sums of separate rows (segments never attend
   across). Unused rows are all padding.
@@ -375,10 +375,11 @@ def eval_batches(config: ml_collections.ConfigDict, vocab: Vocabulary, split: st
   Args:
     config, vocab, process_index, process_count, num_devices, all_gather: as in `train_batches`.
     split: 'validation' or 'test'.
+    corpus: `split` read already (`sources.load_split`), e.g. one pair of a multilingual config.
 
   Returns:
     An iterator of packed batches: every usable pair of the split once.
   """
   where = layout(config, process_index, process_count, num_devices)
-  batches = Batches(config, vocab, split, where, True, all_gather)
+  batches = Batches(config, vocab, split, where, True, all_gather, corpus)
   return (batches.fill(length, rows) for length, rows in batches.plan(None))

@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import ml_collections
+import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from transformer import config as config_lib
 from transformer import files
 from transformer.data import multi30k, synthetic, text_files
 from transformer.data.errors import DOWNLOAD_ERRORS, DataError
@@ -27,6 +29,7 @@ SPLITS = ('train', 'validation', 'test')
 _DATASETS = ("a TFDS translation dataset such as 'wmt14_translate/de-en', or 'multi30k', 'text' "
              "or 'synthetic'")
 Reader = Callable[[Sequence[int]], tuple[list[str], list[str]]]
+Languages = tuple[str, str]  # (source, target)
 
 
 class Corpus:
@@ -92,14 +95,14 @@ def _from_data_source(name: str, key: str, source, source_lang: str,
                 lambda: (len(source), read))
 
 
-def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
+def _text_corpus(config: ml_collections.ConfigDict, split: str, languages: Languages) -> Corpus:
   key = f'{split}_files'
   pattern = config[key]
   if not pattern:
     raise DataError(f'config.{key} is empty: name the {split} files of dataset=text ({{lang}} '
                     'is replaced by a language code)', key, f'data/{split}.{{lang}}.gz',
                     example=True)
-  paths = [pattern.replace('{lang}', lang) for lang in (config.source_lang, config.target_lang)]
+  paths = [pattern.replace('{lang}', lang) for lang in languages]
   for path in paths:
     if not epath.Path(path).is_file():
       raise DataError(f'{path}: no such file; check config.{key} (one sentence per line, '
@@ -109,7 +112,8 @@ def _text_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
                 lambda: _lists(*text_files.read_parallel(*paths)))
 
 
-def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
+def _multi30k_corpus(config: ml_collections.ConfigDict, split: str,
+                     languages: Languages) -> Corpus:
   if config.manual_dir and not epath.Path(config.manual_dir).is_dir():
     raise DataError(f'config.manual_dir={config.manual_dir!r}: no such directory; give the '
                     'directory holding train/val/test_2016_flickr.{en,de,fr}.gz, or leave it '
@@ -130,7 +134,7 @@ def _multi30k_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
   builder = _prepared_once(config, lambda: multi30k.Multi30k(
       paths=paths, data_dir=prepared, file_format='array_record'), prepare)
   return _from_data_source(f'multi30k ({split})', digest('multi30k', files_digest, split),
-                           builder.as_data_source(split), config.source_lang, config.target_lang)
+                           builder.as_data_source(split), *languages)
 
 
 def _download_failed(builder, error: Exception, manual_dir: str) -> DataError:
@@ -226,11 +230,11 @@ def _prepared_once(config: ml_collections.ConfigDict, make_builder, prepare):
   return builder
 
 
-def _tfds_corpus(config: ml_collections.ConfigDict, split: str) -> Corpus:
+def _tfds_corpus(config: ml_collections.ConfigDict, split: str, languages: Languages) -> Corpus:
   builder = _tfds_builder(config)
   return _from_data_source(f'{config.dataset} ({split})',
                            digest('tfds', builder.info.full_name, split),
-                           builder.as_data_source(split), config.source_lang, config.target_lang)
+                           builder.as_data_source(split), *languages)
 
 
 def prepared_dir(config: ml_collections.ConfigDict) -> str:
@@ -239,8 +243,46 @@ def prepared_dir(config: ml_collections.ConfigDict) -> str:
   return os.path.expanduser(config.tfds_data_dir or tfds.core.constants.DATA_DIR)
 
 
-def load_split(config: ml_collections.ConfigDict, split: str) -> Corpus:
-  """The pairs of `split` ('train', 'validation' or 'test') in config.source/target_lang order.
+def language_tag(lang: str) -> str:
+  """The piece that starts each source of a multilingual model (config.pairs) to ask for `lang`."""
+  return f'<2{lang}>'
+
+
+def tagged(tag: str, sentences: list[str]) -> list[str]:
+  """`sentences`, each starting with `tag` and a space; blank ones are left blank."""
+  return [f'{tag} {sentence}' if sentence.strip() else sentence for sentence in sentences]
+
+
+def _mixed(corpora: list[Corpus], tags: list[str]) -> Corpus:
+  """The pairs of `corpora` one after another, each source tagged with its corpus's tag."""
+  def open_():
+    sizes = np.array([len(corpus) for corpus in corpora])
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+
+    def read(indices):
+      indices = np.asarray(indices, np.int64)
+      part = np.searchsorted(starts, indices, side='right') - 1
+      sources, targets = [None] * len(indices), [None] * len(indices)
+      for n, (corpus, tag) in enumerate(zip(corpora, tags)):
+        at = np.flatnonzero(part == n)
+        if len(at):
+          part_sources, part_targets = corpus.texts((indices[at] - starts[n]).tolist())
+          for i, source, target in zip(at, tagged(tag, part_sources), part_targets):
+            sources[i], targets[i] = source, target
+      return sources, targets
+
+    return int(starts[-1]), read
+
+  return Corpus(' + '.join(f'{corpus.name} tagged {tag}' for corpus, tag in zip(corpora, tags)),
+                digest('mixed', *(part for pair in zip(corpora, tags)
+                                  for part in (pair[0].digest, pair[1]))), open_)
+
+
+def load_split(config: ml_collections.ConfigDict, split: str,
+               pair: Languages | None = None) -> Corpus:
+  """The pairs of `split` ('train', 'validation' or 'test') in config.source/target_lang order;
+  for a multilingual config (config.pairs), those of every pair, or of `pair` only, each source
+  tagged with its target language (`language_tag`).
 
   Raises:
     DataError: the data cannot be read; the message names the file or key.
@@ -249,18 +291,29 @@ def load_split(config: ml_collections.ConfigDict, split: str) -> Corpus:
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}; use one of {", ".join(SPLITS)}')
   files.make_directory(prepared_dir(config), 'config.tfds_data_dir')
+  pairs = config_lib.language_pairs(config)
+  if not config.get('pairs'):
+    return _pair_corpus(config, split, pairs[0])
+  pairs = [pair] if pair else pairs
+  return _mixed([_pair_corpus(config, split, languages) for languages in pairs],
+                [language_tag(target) for _, target in pairs])
+
+
+def _pair_corpus(config: ml_collections.ConfigDict, split: str, languages: Languages) -> Corpus:
   if config.dataset == 'synthetic':
     return _synthetic_corpus(split)
   if config.dataset == 'text':
-    return _text_corpus(config, split)
+    return _text_corpus(config, split, languages)
   if config.dataset == 'multi30k':
-    return _multi30k_corpus(config, split)
+    return _multi30k_corpus(config, split, languages)
   if '/' in config.dataset:
-    return _tfds_corpus(config, split)
+    return _tfds_corpus(config, split, languages)
   raise DataError(f'config.dataset={config.dataset!r}: unknown dataset; use {_DATASETS}')
 
 
-def split_texts(config: ml_collections.ConfigDict, split: str) -> tuple[list[str], list[str]]:
-  """All (sources, references) of `split` as raw text, in the split's order (for BLEU)."""
-  corpus = load_split(config, split)
+def split_texts(config: ml_collections.ConfigDict, split: str,
+                pair: Languages | None = None) -> tuple[list[str], list[str]]:
+  """All (sources, references) of `split` (of `pair`, as `load_split`) as raw text, in the split's
+  order (for BLEU)."""
+  corpus = load_split(config, split, pair)
   return corpus.texts(range(len(corpus)))

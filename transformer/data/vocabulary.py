@@ -16,9 +16,11 @@ import jax
 import ml_collections
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 from absl import logging
 from etils import epath
 
+from transformer import config as config_lib
 from transformer import marian
 from transformer.data import sources
 from transformer.data.errors import DataError
@@ -41,6 +43,12 @@ class Vocabulary:
   def __init__(self, model_proto: bytes):
     self.model_proto = model_proto
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    # Tags (config.pairs' target languages): SentencePiece spells a word-start '▁' alone before
+    # one, which `encode_batch` leaves out: the model reads the tag, then the sentence.
+    self.tags = {piece.piece: i for i, piece in enumerate(
+        sentencepiece_model_pb2.ModelProto.FromString(model_proto).pieces)
+                 if piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED}
+    self._space = self._processor.piece_to_id('▁')
 
   @property
   def vocab_size(self) -> int:
@@ -55,13 +63,18 @@ class Vocabulary:
     return self.model_proto, self.model_proto
 
   def encode(self, text: str) -> list[int]:
-    return self._processor.encode(text)
+    return self.encode_batch([text])[0]
 
   def encode_batch(self, texts: list[str], add_eos: bool = False,
                    side: str = 'source') -> list[list[int]]:
     """The ids of each text of `side` ('source' or 'target'), EOS added if `add_eos`."""
     del side  # one model for both
-    return self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
+    encoded = self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
+    if not self.tags:
+      return encoded
+    tag_ids = set(self.tags.values())
+    return [[i for i, following in zip(ids, ids[1:] + [None])
+             if not (i == self._space and following in tag_ids)] for ids in encoded]
 
   def pieces(self, ids) -> list[str]:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
@@ -88,6 +101,7 @@ class MarianVocabulary(Vocabulary):
   def __init__(self, source_proto: bytes, target_proto: bytes, pieces: list[str]):
     self.pieces_json = json.dumps(pieces, ensure_ascii=False).encode('utf-8')
     super().__init__(target_proto)
+    self.tags = {}  # as MarianTokenizer, pieces only
     self.model_proto = source_proto + target_proto + self.pieces_json  # identifies it
     self._source_proto, self._target_proto = source_proto, target_proto
     self._source = spm.SentencePieceProcessor(model_proto=source_proto)
@@ -182,14 +196,17 @@ def train_model(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> by
   if not sentences:
     raise DataError(f'{corpus.name} holds no sentence ({len(corpus)} pairs, every line empty or '
                     'blank): give files with text')
-  logging.info('training a %d-piece %s vocabulary on %d sentences of %s', config.vocab_size,
-               config.vocab_model_type, len(sentences), corpus.name)
+  tags = tag_pieces(config)
+  logging.info('training a %d-piece %s vocabulary on %d sentences of %s%s', config.vocab_size,
+               config.vocab_model_type, len(sentences), corpus.name,
+               f' with the tags {", ".join(tags)}' if tags else '')
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=config.vocab_size,
         model_type=config.vocab_model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
         bos_id=-1, byte_fallback=True, normalization_rule_name='identity',
+        user_defined_symbols=tags,
         num_threads=os.cpu_count(), minloglevel=2)
   except RuntimeError as error:
     raise DataError(f'config.vocab_size={config.vocab_size}: SentencePiece cannot build it from '
@@ -201,7 +218,7 @@ def stored_path(config: ml_collections.ConfigDict, corpus: sources.Corpus) -> st
   """Where the vocabulary of `corpus` (the training split) and these settings is kept for every
   run: beside the prepared data, under a hash of both."""
   key = sources.digest(corpus.digest, config.vocab_size, config.vocab_model_type,
-                       config.vocab_sample_size, config.seed)
+                       config.vocab_sample_size, config.seed, *tag_pieces(config))
   return os.path.join(sources.prepared_dir(config), 'vocabularies', key[:16], 'sentencepiece.model')
 
 
@@ -266,7 +283,20 @@ def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabula
     raise DataError(f'{path} has {vocab.vocab_size} pieces but config.vocab_size='
                     f'{config.vocab_size} in the run\'s config.json: they are of other runs; '
                     'restore the run\'s own copies, or train in a new --workdir')
+  missing = [tag for tag in tag_pieces(config) if tag not in vocab.tags]
+  if missing:
+    raise DataError(f'{path} has no piece {missing[0]} (config.pairs={config.pairs!r}, '
+                    f'config.source_tags={config.source_tags!r}): it is the vocabulary of another '
+                    'run; restore the run\'s own, or train in a new --workdir')
   return vocab
+
+
+def tag_pieces(config: ml_collections.ConfigDict) -> list[str]:
+  """The tags a source may start with, each a piece of its own: those of a multilingual config's
+  target languages (config.pairs), then config.source_tags."""
+  targets = [target for _, target in config_lib.language_pairs(config)] if config.pairs else []
+  return ([sources.language_tag(target) for target in dict.fromkeys(targets)] +
+          [tag for tag in config.source_tags.split(',') if tag])
 
 
 def _load_marian(config: ml_collections.ConfigDict, workdir: str) -> MarianVocabulary:
