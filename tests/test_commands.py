@@ -113,7 +113,8 @@ def parse_config_flag(*args):
      "--config.modl.d_ff=3: no key 'modl' in the config. "
      'Did you mean "model" instead of "modl"?'),
     (['--config=configs/multi30k.py:ende'],
-     "configs/multi30k.py:ende: the argument is a language pair such as 'en-de' or 'en-fr'"),
+     "configs/multi30k.py:ende: the argument is a language pair such as 'en-de' or 'en-fr', or "
+     "several joined by '+' (one model for all)"),
     (['--config=configs/default.py:big'],
      '--config=configs/default.py:big: get_config() takes 0 positional arguments but 1 was given'),
     (['--config=configs/multi3k.py', '--config.seed=1'],

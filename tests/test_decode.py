@@ -283,6 +283,21 @@ def test_draws_come_from_the_renormalized_top_k_and_top_p_tokens():
     assert (np.asarray(decode.draw(rows[:50], keys[:50], temperature, top_k)) == 1).all()
 
 
+@pytest.mark.parametrize('scale', [8.0, 2.0, 0.1])  # few, some or most tokens in the nucleus
+@pytest.mark.parametrize('candidates', [4, 64])
+def test_the_nucleus_floor_is_the_sorted_rows_whatever_path_finds_it(scale, candidates):
+  logits = scale * jax.random.normal(jax.random.key(3), (6, 300))
+  for top_p in (0.3, 0.9, 0.99):
+    probs = np.asarray(jax.nn.softmax(logits))
+    order = np.argsort(-probs, axis=-1, kind='stable')
+    above = np.cumsum(np.take_along_axis(probs, order, -1), -1) - np.take_along_axis(probs, order,
+                                                                                     -1)
+    expected = np.array([np.asarray(logits)[row, order[row, above[row] < top_p]].min()
+                         for row in range(len(logits))])
+    floor = jax.jit(decode._nucleus_floor, static_argnums=(1, 2))(logits, top_p, candidates)
+    np.testing.assert_array_equal(np.asarray(floor)[:, 0], expected, err_msg=str(top_p))
+
+
 @pytest.mark.parametrize('settings', [{'temperature': 0.0}, {'top_k': 1}, {'top_k': 1,
                                                                            'top_p': 0.5}])
 def test_sampling_at_temperature_0_or_top_k_1_is_greedy_search(params, settings):

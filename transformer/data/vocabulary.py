@@ -48,7 +48,7 @@ class Vocabulary:
     self.tags = {piece.piece: i for i, piece in enumerate(
         sentencepiece_model_pb2.ModelProto.FromString(model_proto).pieces)
                  if piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED}
-    self._space = self._processor.piece_to_id('▁')
+    self._space = self._processor.piece_to_id('▁') if self.tags else None
 
   @property
   def vocab_size(self) -> int:
