@@ -111,6 +111,11 @@ def language_pairs(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
   return [(config.source_lang, config.target_lang)]
 
 
+def language_tag(lang: str) -> str:
+  """The piece that starts each source of a multilingual model (config.pairs) to ask for `lang`."""
+  return f'<2{lang}>'
+
+
 def _check_pairs(config: ml_collections.ConfigDict):
   tags = _get(config, 'source_tags')
   if not isinstance(tags, str) or tags and not all(
@@ -141,7 +146,7 @@ def _check_pairs(config: ml_collections.ConfigDict):
     _fail('pairs', pairs, f'its first pair is {"-".join(first)} but config.source_lang-'
           f'config.target_lang is {config.source_lang}-{config.target_lang}: set those to the '
           'first pair')
-  clash = {f'<2{target}>' for _, target in language_pairs(config)} & set(tags.split(','))
+  clash = {language_tag(target) for _, target in language_pairs(config)} & set(tags.split(','))
   if clash:
     _fail('source_tags', tags, f'{clash.pop()} is the tag of a target language of config.pairs '
           'already')

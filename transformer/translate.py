@@ -432,7 +432,7 @@ class DecodingFlags:
 def tag_sources(pair: tuple[str, str] | None, sentences: list[str]) -> list[str]:
   """`sentences`, each (but a blank one) starting with the tag of `pair`'s target language, as a
   multilingual run reads them (`DecodingFlags.pair`); as they are for `pair` None."""
-  return data.tagged(data.language_tag(pair[1]), sentences) if pair else sentences
+  return data.tagged(config_lib.language_tag(pair[1]), sentences) if pair else sentences
 
 
 def load(workdir: str | list[str], average_last: int | None = None,

@@ -15,21 +15,21 @@ sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arr
   for batch in eval_batches(config, vocab, 'validation', ...): ...
   sources, references = split_texts(config, 'test')
   # A multilingual config (config.pairs): every pair's at once, each source starting with its
-  # target language's tag (language_tag('de') = '<2de>'), or one pair's.
+  # target language's tag (config.language_tag('de') = '<2de>'), or one pair's.
   sources, references = split_texts(config, 'test', pair=('en', 'fr'))
-  sentences = tagged(language_tag('fr'), sentences)  # what to translate into French
   sentences = read_lines(path)  # a UTF-8 file, gzipped or not; bad lines named in a DataError
+  sentences = tagged('<2fr>', sentences)  # for a multilingual model to translate into French
 """
 
 from transformer.data.batching import eval_batches, train_batches
 from transformer.data.errors import DataError
-from transformer.data.sources import language_tag, load_split, split_texts, tagged
+from transformer.data.sources import load_split, split_texts, tagged
 from transformer.data.text_files import decode_lines, read_lines
 from transformer.data.vocabulary import (EOS_ID, PAD_ID, UNK_ID, Vocabulary,
                                          load_or_train_vocabulary, load_vocabulary,
                                          marian_vocabulary)
 
 __all__ = ['EOS_ID', 'PAD_ID', 'UNK_ID', 'DataError', 'Vocabulary', 'decode_lines',
-           'eval_batches', 'language_tag', 'load_or_train_vocabulary', 'load_split',
+           'eval_batches', 'load_or_train_vocabulary', 'load_split',
            'load_vocabulary', 'marian_vocabulary', 'read_lines', 'split_texts', 'tagged',
            'train_batches']

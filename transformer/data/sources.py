@@ -243,11 +243,6 @@ def prepared_dir(config: ml_collections.ConfigDict) -> str:
   return os.path.expanduser(config.tfds_data_dir or tfds.core.constants.DATA_DIR)
 
 
-def language_tag(lang: str) -> str:
-  """The piece that starts each source of a multilingual model (config.pairs) to ask for `lang`."""
-  return f'<2{lang}>'
-
-
 def tagged(tag: str, sentences: list[str]) -> list[str]:
   """`sentences`, each starting with `tag` and a space; blank ones are left blank."""
   return [f'{tag} {sentence}' if sentence.strip() else sentence for sentence in sentences]
@@ -282,7 +277,7 @@ def load_split(config: ml_collections.ConfigDict, split: str,
                pair: Languages | None = None) -> Corpus:
   """The pairs of `split` ('train', 'validation' or 'test') in config.source/target_lang order;
   for a multilingual config (config.pairs), those of every pair, or of `pair` only, each source
-  tagged with its target language (`language_tag`).
+  tagged with its target language (`config.language_tag`).
 
   Raises:
     DataError: the data cannot be read; the message names the file or key.
@@ -296,7 +291,7 @@ def load_split(config: ml_collections.ConfigDict, split: str,
     return _pair_corpus(config, split, pairs[0])
   pairs = [pair] if pair else pairs
   return _mixed([_pair_corpus(config, split, languages) for languages in pairs],
-                [language_tag(target) for _, target in pairs])
+                [config_lib.language_tag(target) for _, target in pairs])
 
 
 def _pair_corpus(config: ml_collections.ConfigDict, split: str, languages: Languages) -> Corpus:

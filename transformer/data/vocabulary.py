@@ -48,6 +48,7 @@ class Vocabulary:
     self.tags = {piece.piece: i for i, piece in enumerate(
         sentencepiece_model_pb2.ModelProto.FromString(model_proto).pieces)
                  if piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED}
+    self._tag_ids = frozenset(self.tags.values())
     self._space = self._processor.piece_to_id('▁') if self.tags else None
 
   @property
@@ -70,11 +71,10 @@ class Vocabulary:
     """The ids of each text of `side` ('source' or 'target'), EOS added if `add_eos`."""
     del side  # one model for both
     encoded = self._processor.encode(texts, add_eos=add_eos, num_threads=os.cpu_count())
-    if not self.tags:
+    if not self._tag_ids:
       return encoded
-    tag_ids = set(self.tags.values())
     return [[i for i, following in zip(ids, ids[1:] + [None])
-             if not (i == self._space and following in tag_ids)] for ids in encoded]
+             if not (i == self._space and following in self._tag_ids)] for ids in encoded]
 
   def pieces(self, ids) -> list[str]:
     """The SentencePiece piece of each id ('▁' marks a word start; '<0xC3>' is a byte)."""
@@ -295,7 +295,7 @@ def tag_pieces(config: ml_collections.ConfigDict) -> list[str]:
   """The tags a source may start with, each a piece of its own: those of a multilingual config's
   target languages (config.pairs), then config.source_tags."""
   targets = [target for _, target in config_lib.language_pairs(config)] if config.pairs else []
-  return ([sources.language_tag(target) for target in dict.fromkeys(targets)] +
+  return ([config_lib.language_tag(target) for target in dict.fromkeys(targets)] +
           [tag for tag in config.source_tags.split(',') if tag])
 
 
