@@ -283,10 +283,14 @@ def test_draws_come_from_the_renormalized_top_k_and_top_p_tokens():
     assert (np.asarray(decode.draw(rows[:50], keys[:50], temperature, top_k)) == 1).all()
 
 
-@pytest.mark.parametrize('scale', [8.0, 2.0, 0.1])  # few, some or most tokens in the nucleus
+# Few, some or most tokens in the nucleus; rows of each kind.
+@pytest.mark.parametrize('scales', [(8.0,) * 6, (2.0,) * 6, (0.1,) * 6, (8.0, 0.1, 8.0, 2.0, 8.0, 8.0),
+                                    (2.0, 8.0, 8.0, 8.0, 8.0, 8.0)])
+# Six rows within their candidates, or beyond them: one, two or three gathered (with repeats of
+# row 0, beyond or not), or more, all bisected.
 @pytest.mark.parametrize('candidates', [4, 64])
-def test_the_nucleus_floor_is_the_sorted_rows_whatever_path_finds_it(scale, candidates):
-  logits = scale * jax.random.normal(jax.random.key(3), (6, 300))
+def test_the_nucleus_floor_is_the_sorted_rows_whatever_path_finds_it(scales, candidates):
+  logits = jnp.array(scales)[:, None] * jax.random.normal(jax.random.key(3), (6, 300))
   for top_p in (0.3, 0.9, 0.99):
     probs = np.asarray(jax.nn.softmax(logits))
     order = np.argsort(-probs, axis=-1, kind='stable')
