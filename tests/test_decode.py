@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode
+from transformer import decode, sampling
 from transformer.model import Transformer, TransformerConfig
 
 # Vocabulary of 4: pad 0, EOS 1 and two words. Scaled weights make the distributions peaked.
@@ -61,13 +61,13 @@ def always_predicting(token: int):
 
 
 def test_beam_size_one_is_greedy_search(params):
-  greedy = decode.greedy_search(CONFIG, params, SOURCES, extra_length=3)
+  greedy = sampling.greedy_search(CONFIG, params, SOURCES, extra_length=3)
   beam, _, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=1, extra_length=3)
   np.testing.assert_array_equal(greedy, beam[:, 0])
 
 
 def test_cached_greedy_equals_recomputing_the_prefix(params):
-  greedy = decode.greedy_search(CONFIG, params, SOURCES, extra_length=3)
+  greedy = sampling.greedy_search(CONFIG, params, SOURCES, extra_length=3)
   forward = jax.jit(Transformer(CONFIG).apply)
   for row, source in enumerate(SOURCES):
     limit = int((source > 0).sum()) + 3
@@ -122,7 +122,7 @@ def test_large_beam_finds_the_brute_force_optimum(params, alpha):
 def test_outputs_stop_at_source_length_plus_extra(extra):
   config, params = always_predicting(2)  # never wants to stop
   limits = [int(n) + extra for n in (SOURCES > 0).sum(-1)]
-  greedy = decode.greedy_search(config, params, SOURCES, extra_length=extra)
+  greedy = sampling.greedy_search(config, params, SOURCES, extra_length=extra)
   # With EOS last, no beam of 2 can finish before the limit.
   beam, _, steps = decode.beam_search(config, params, SOURCES, beam_size=2, extra_length=extra)
   for out in (greedy, beam[:, 0]):
@@ -274,13 +274,13 @@ def test_draws_come_from_the_renormalized_top_k_and_top_p_tokens():
           [0.05, 0.4, 0.3, 0.15, 0.1]).sum(),
   }
   for (temperature, top_k, top_p), probs in kept_probs.items():
-    drawn = np.asarray(jax.jit(decode.draw, static_argnums=(2, 3, 4))(
+    drawn = np.asarray(jax.jit(sampling.draw, static_argnums=(2, 3, 4))(
         rows, keys, temperature, top_k, top_p))
     counts = np.bincount(drawn, minlength=5) / len(drawn)
     np.testing.assert_allclose(counts, probs, atol=0.015, err_msg=str((temperature, top_k, top_p)))
     assert (counts[np.asarray(probs) == 0] == 0).all()
   for temperature, top_k in ((0.0, 0), (1.0, 1), (5.0, 1)):
-    assert (np.asarray(decode.draw(rows[:50], keys[:50], temperature, top_k)) == 1).all()
+    assert (np.asarray(sampling.draw(rows[:50], keys[:50], temperature, top_k)) == 1).all()
 
 
 # Few, some or most tokens in the nucleus; rows of each kind.
@@ -298,16 +298,16 @@ def test_the_nucleus_floor_is_the_sorted_rows_whatever_path_finds_it(scales, can
                                                                                      -1)
     expected = np.array([np.asarray(logits)[row, order[row, above[row] < top_p]].min()
                          for row in range(len(logits))])
-    floor = jax.jit(decode._nucleus_floor, static_argnums=(1, 2))(logits, top_p, candidates)
+    floor = jax.jit(sampling._nucleus_floor, static_argnums=(1, 2))(logits, top_p, candidates)
     np.testing.assert_array_equal(np.asarray(floor)[:, 0], expected, err_msg=str(top_p))
 
 
 @pytest.mark.parametrize('settings', [{'temperature': 0.0}, {'top_k': 1}, {'top_k': 1,
                                                                            'top_p': 0.5}])
 def test_sampling_at_temperature_0_or_top_k_1_is_greedy_search(params, settings):
-  greedy = decode.greedy_search(CONFIG, params, SOURCES, extra_length=5)
+  greedy = sampling.greedy_search(CONFIG, params, SOURCES, extra_length=5)
   keys = jax.random.split(jax.random.key(7), 6).reshape(3, 2)
-  tokens, _ = decode.sample(CONFIG, params, SOURCES, keys, extra_length=5, **settings)
+  tokens, _ = sampling.sample(CONFIG, params, SOURCES, keys, extra_length=5, **settings)
   np.testing.assert_array_equal(tokens[:, 0], greedy)
   np.testing.assert_array_equal(tokens[:, 1], greedy)
 
@@ -315,11 +315,11 @@ def test_sampling_at_temperature_0_or_top_k_1_is_greedy_search(params, settings)
 def test_a_sample_depends_on_its_key_alone_and_has_the_models_log_probability():
   params = Transformer(CONFIG).init(jax.random.key(5), SOURCES, SOURCES)['params']  # unscaled
   keys = jax.random.split(jax.random.key(1), 12).reshape(3, 4)
-  tokens, log_probs = decode.sample(CONFIG, params, SOURCES, keys, temperature=3.0, extra_length=4)
+  tokens, log_probs = sampling.sample(CONFIG, params, SOURCES, keys, temperature=3.0, extra_length=4)
   assert len({tuple(strip(row)) for row in tokens.reshape(12, -1)}) > 3  # they differ
   for row, source in enumerate(SOURCES):
     # Alone in its batch, with a cache grown in other stages: the same draws.
-    alone, _ = decode.sample(CONFIG, params, source[None], keys[row][None, 2:3], temperature=3.0,
+    alone, _ = sampling.sample(CONFIG, params, source[None], keys[row][None, 2:3], temperature=3.0,
                              extra_length=4, cache_stage=2)
     assert strip(alone[0, 0]) == strip(tokens[row, 2])
     expected = sequence_log_probs(params, source, [strip(t) for t in tokens[row]])
@@ -331,8 +331,8 @@ def test_an_ensemble_of_a_model_with_itself_decodes_as_the_model(params):
   for alone, together in (
       (decode.beam_search(CONFIG, params, SOURCES, beam_size=3, extra_length=4, nbest=2),
        decode.beam_search(*ensemble, SOURCES, beam_size=3, extra_length=4, nbest=2)),
-      (decode.sample(CONFIG, params, SOURCES, jax.random.split(jax.random.key(2), 3)[:, None]),
-       decode.sample(*ensemble, SOURCES, jax.random.split(jax.random.key(2), 3)[:, None])),
+      (sampling.sample(CONFIG, params, SOURCES, jax.random.split(jax.random.key(2), 3)[:, None]),
+       sampling.sample(*ensemble, SOURCES, jax.random.split(jax.random.key(2), 3)[:, None])),
       ((decode.sequence_log_probs(CONFIG, params, SOURCES, SOURCES),),
        (decode.sequence_log_probs(*ensemble, SOURCES, SOURCES),))):
     for a, b in zip(alone, together):

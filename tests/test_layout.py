@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).parent.parent
 def test_the_model_calls_each_faster_implementation_at_one_site():
   source = (ROOT / 'transformer' / 'model.py').read_text(encoding='utf-8')
   calls = collections.Counter(re.findall(r'\bkernels\.(\w+)\(', source))
-  assert {'attention', 'dropout', 'relu', 'low_precision_logits'} <= set(calls)
+  assert {'fused_attention', 'dropout', 'relu', 'low_precision_logits'} <= set(calls)
   assert all(count == 1 for count in calls.values()), calls
 
 

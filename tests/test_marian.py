@@ -17,7 +17,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from tests.conftest import error_line, run_script
 from transformer import config as config_lib
-from transformer import bleu, data, decode, marian, translate
+from transformer import bleu, data, marian, sampling, translate
 from transformer.model import Transformer, TransformerConfig, sinusoidal_encoding
 
 MODEL = dict(d_model=16, d_ff=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
@@ -146,7 +146,7 @@ def test_an_opus_mt_marian_imports_with_its_logits_and_greedy_translations(float
   np.testing.assert_allclose(ours, theirs[..., order], atol=1e-4, rtol=0)
 
   # Greedy to our limit, each sentence's length + 10: forced EOS there, never the pad id.
-  greedy = np.asarray(decode.greedy_search(config, params, jnp.asarray(ours_of[sources]), 10))
+  greedy = np.asarray(sampling.greedy_search(config, params, jnp.asarray(ours_of[sources]), 10))
   for source, ours_row in zip(sources, greedy):
     source = source[source != VOCAB - 1][None]
     their_row = hf.generate(input_ids=torch.from_numpy(source), num_beams=1, do_sample=False,

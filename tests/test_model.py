@@ -1,5 +1,6 @@
 """The model against the paper's section 3: shapes, sizes, masks, packing, cache, dropout, dtypes."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +10,8 @@ import pytest
 from configs import default, wmt14
 from transformer import plots
 from transformer import config as config_lib
-from transformer.model import (Transformer, TransformerConfig, output_table, parameter_count,
-                               sinusoidal_encoding)
+from transformer.model import (Transformer, TransformerConfig, dot_product_attention,
+                               output_table, parameter_count, sinusoidal_encoding)
 
 SMALL = TransformerConfig(vocab_size=23, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, max_positions=64)
@@ -61,6 +62,31 @@ def test_parameter_count_options():
   assert parameter_count(base.replace(layer_norm='pre')) == shared + 2 * 2 * base.d_model
   assert (parameter_count(base.replace(positional_encoding='learned'))
           == shared + 2 * base.max_positions * base.d_model)
+
+
+def test_the_attention_core_is_flaxs_and_reads_a_decoding_cache_as_it_lies():
+  # The one written-out attention (plain path, decoding cache, kernels' fallback): in float32 what
+  # flax's nn.dot_product_attention computes, bit for bit, with dropout on the weights too; a cache
+  # in its [batch, heads, depth, keys] / [batch, heads, keys, depth] layout gives the same output.
+  query, key, value = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                       enumerate([(2, 3, 4, 8), (2, 5, 4, 8), (2, 5, 4, 8)]))
+  mask = jax.random.bernoulli(jax.random.key(3), 0.6, (2, 1, 3, 5)).at[:, :, 2].set(False)
+  rng = jax.random.key(4)
+  for dropout in ({}, dict(dropout_rng=rng, dropout_rate=0.3)):
+    ours = dot_product_attention(query, key, value, mask, jnp.float32, **dropout)
+    theirs = nn.dot_product_attention(query, key, value, mask=mask, deterministic=not dropout,
+                                      **dropout)
+    np.testing.assert_array_equal(ours, theirs)
+  plain = dot_product_attention(query, key, value, mask, jnp.float32)
+  cached = dot_product_attention(query, key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3),
+                                 mask, jnp.float32, cache_layout=True)
+  np.testing.assert_allclose(cached, plain, rtol=1e-6, atol=1e-6)
+  # A query with nothing to attend to (row 2) averages the values evenly, as flax's does.
+  np.testing.assert_allclose(plain[:, 2], value.mean(axis=1), rtol=1e-5, atol=1e-6)
+  # In bfloat16 the weights multiply the values in bfloat16 (flax keeps them in float32).
+  low = [x.astype(jnp.bfloat16) for x in (query, key, value)]
+  np.testing.assert_allclose(dot_product_attention(*low, mask, jnp.bfloat16).astype(jnp.float32),
+                             plain, atol=0.05)
 
 
 def test_sinusoidal_encoding_is_the_papers_formula():

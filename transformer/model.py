@@ -86,30 +86,45 @@ def attention_mask(query_tokens, key_tokens, query_segments=None, key_segments=N
   return nn.combine_masks(*masks)
 
 
-def _dense_init():
-  return nn.initializers.xavier_uniform()
+_dense_init = nn.initializers.xavier_uniform
 
 
-def cached_attention(query: Array, keys: Array, values: Array, mask: Array) -> Array:
-  """One decoding step's attention over a cache kept in the layout its matmuls read.
+def dot_product_attention(query: Array, key: Array, value: Array, mask: Array, dtype,
+                          dropout_rng: Array | None = None, dropout_rate: float = 0.0,
+                          cache_layout: bool = False, module: nn.Module | None = None) -> Array:
+  """softmax(Q K^T / sqrt(d_k)) V (section 3.2.1) per head, the softmax in float32: the plain
+  form, which every path takes unless a fused kernel replaces it (kernels/attention.py).
 
-  query [batch, 1, heads, depth]; keys [batch, heads, depth, length] and values
-  [batch, heads, length, depth]; mask broadcastable to [batch, heads, 1, length]. Computes what
-  `nn.dot_product_attention` does (scaled query, float32 softmax, masked scores at the dtype's
-  minimum); written out because a cache in that function's layout is transposed at every step.
+  Args:
+    query: [batch, queries, heads, depth].
+    key, value: [batch, keys, heads, depth]; with `cache_layout`, key [batch, heads, depth, keys]
+      and value [batch, heads, keys, depth]: a decoding cache, read as it lies (in the other
+      layout it would be transposed at every step).
+    mask: broadcastable to [batch, heads, queries, keys]; True where a query may attend.
+    dtype: the weights' dtype when they multiply the values (the model's).
+    dropout_rng, dropout_rate: dropout on the weights, one mask for all rows and heads (flax's).
+    module: sows the weights as intermediates' `attention_weights` (transformer/plots.py).
+
+  Returns:
+    [batch, queries, heads, depth].
   """
-  depth = query.shape[-1]
-  query = jnp.swapaxes(query / jnp.sqrt(depth).astype(query.dtype), 1, 2)  # [batch, heads, 1, d]
-  scores = jnp.einsum('bhqd,bhdk->bhqk', query, keys).astype(jnp.float32)
+  key_axes, value_axes = ('bhdk', 'bhkd') if cache_layout else ('bkhd', 'bkhd')
+  query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+  scores = jnp.einsum(f'bqhd,{key_axes}->bhqk', query, key).astype(jnp.float32)
   scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores).astype(values.dtype)
-  return jnp.einsum('bhqk,bhkd->bqhd', weights, values)
+  weights = jax.nn.softmax(scores).astype(dtype)
+  if module is not None:
+    module.sow('intermediates', 'attention_weights', weights)
+  if dropout_rng is not None and dropout_rate > 0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, (1, 1, *weights.shape[-2:]))
+    weights = weights * (keep.astype(dtype) / jnp.asarray(1.0 - dropout_rate, dtype))
+  return jnp.einsum(f'bhqk,{value_axes}->bqhd', weights, value)
 
 
 class MultiHeadAttention(nn.Module):
   """Multi-head scaled dot-product attention (section 3.2) with a decoding cache.
 
-  Written around `nn.dot_product_attention` because flax's MultiHeadDotProductAttention re-projects
+  Written around `dot_product_attention` because flax's MultiHeadDotProductAttention re-projects
   the whole encoder output at every decoding step; here cross-attention keys and values are
   projected once per sentence and cached, so that a decoding step costs one position. The caches
   hold keys as [batch, heads, depth, length] and values as [batch, heads, length, depth].
@@ -141,21 +156,24 @@ class MultiHeadAttention(nn.Module):
         nn.DenseGeneral, use_bias=cfg.attention_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=_dense_init(), dot_general=kernels.projection_product(cfg))
     output = dense(cfg.d_model, axis=(-2, -1), name='out')
-    if cfg.attention_implementation != 'xla' and not cfg.decode:
+    keys_from = memory if self.cross else x
+    if kernels.applies(cfg, x.shape[1], keys_from.shape[1]):
       # A fused kernel (transformer/kernels): the same attention in fewer passes over memory.
-      weights = {name: kernels.ProjectionKernel(cfg, name=name)()
+      weights = {name: kernels.ProjectionWeights(cfg, name=name)()
                  for name in ('query', 'key', 'value')}
-      return output(kernels.attention(cfg, x, memory if self.cross else None, weights, mask))
+      return output(kernels.fused_attention(cfg, x, memory if self.cross else None, weights,
+                                            mask))
 
     heads = (cfg.num_heads, cfg.d_model // cfg.num_heads)
     query = dense(heads, name='query')(x)
     project_keys = lambda inputs: (dense(heads, name='key')(inputs),
                                    dense(heads, name='value')(inputs))
     to_cache = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
+    attend = functools.partial(dot_product_attention, dtype=cfg.dtype)
     if cfg.decode and self.cross:
       if self.has_variable('cache', 'cached_key'):  # a step: keys and values projected before
-        return output(cached_attention(query, self.get_variable('cache', 'cached_key'),
-                                       self.get_variable('cache', 'cached_value'), mask))
+        return output(attend(query, self.get_variable('cache', 'cached_key'),
+                             self.get_variable('cache', 'cached_value'), mask, cache_layout=True))
       # Cache set-up: the encoder output is projected once per sentence.
       key, value = project_keys(memory)
       cached_key, cached_value = to_cache(key, value)
@@ -175,25 +193,23 @@ class MultiHeadAttention(nn.Module):
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
                                                           (0, 0, decode_index, 0))
         prefix = (jnp.arange(cached_key.value.shape[-1]) <= decode_index)[None, None, None, :]
-        return output(cached_attention(query, cached_key.value, cached_value.value, prefix))
+        return output(attend(query, cached_key.value, cached_value.value, prefix,
+                             cache_layout=True))
     else:
-      key, value = project_keys(memory if self.cross else x)
+      key, value = project_keys(keys_from)
 
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
-    # module=self sows the softmax weights as intermediates/.../attention_weights, only when the
-    # caller makes 'intermediates' mutable (transformer/plots.py); else it does nothing.
-    out = nn.dot_product_attention(
-        query, key, value, mask=mask, dropout_rng=dropout_rng,
-        dropout_rate=cfg.attention_dropout_rate, deterministic=cfg.deterministic,
-        dtype=cfg.dtype, force_fp32_for_softmax=True, module=self)
-    return output(out)
+    return output(attend(query, key, value, mask, dropout_rng=dropout_rng,
+                         dropout_rate=cfg.attention_dropout_rate, module=self))
 
 
 class Dropout(nn.Module):
   """nn.Dropout(rate) without broadcast dimensions: the same output and gradients for the same
-  'dropout' rng."""
+  'dropout' rng, and with a hash_rng key (config.implementation.dropout_rng='hash') the mask
+  drawn again in the backward pass. Named as flax's: flax folds a module's name (Dropout_0, ...)
+  into its rng, so the name chooses the masks a run draws."""
 
   rate: float
 
@@ -230,8 +246,9 @@ class FeedForward(nn.Module):
     return dense(cfg.d_model, name='output')(h)
 
 
-class Residual(nn.Module):
-  """One sub-layer with dropout, residual connection and LayerNorm, post- or pre-norm."""
+class SublayerConnection(nn.Module):
+  """A sub-layer wrapped as section 5.4 has it, LayerNorm(x + Dropout(Sublayer(x))) (post-norm),
+  or x + Dropout(Sublayer(LayerNorm(x))) (pre-norm)."""
 
   config: TransformerConfig
 
@@ -253,8 +270,10 @@ class EncoderLayer(nn.Module):
   def __call__(self, x: Array, mask: Array) -> Array:
     cfg = self.config
     attention = MultiHeadAttention(cfg, name='self_attention')
-    x = Residual(cfg, name='self_attention_residual')(x, lambda y: attention(y, None, mask))
-    return Residual(cfg, name='feed_forward_residual')(x, FeedForward(cfg, name='feed_forward'))
+    x = SublayerConnection(cfg, name='self_attention_residual')(
+        x, lambda y: attention(y, None, mask))
+    return SublayerConnection(cfg, name='feed_forward_residual')(
+        x, FeedForward(cfg, name='feed_forward'))
 
 
 class DecoderLayer(nn.Module):
@@ -265,11 +284,12 @@ class DecoderLayer(nn.Module):
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, name='self_attention')
     cross_attention = MultiHeadAttention(cfg, cross=True, name='cross_attention')
-    x = Residual(cfg, name='self_attention_residual')(
+    x = SublayerConnection(cfg, name='self_attention_residual')(
         x, lambda y: self_attention(y, None, self_mask, decode_index))
-    x = Residual(cfg, name='cross_attention_residual')(
+    x = SublayerConnection(cfg, name='cross_attention_residual')(
         x, lambda y: cross_attention(y, encoded, cross_mask))
-    return Residual(cfg, name='feed_forward_residual')(x, FeedForward(cfg, name='feed_forward'))
+    return SublayerConnection(cfg, name='feed_forward_residual')(
+        x, FeedForward(cfg, name='feed_forward'))
 
 
 class Embedder(nn.Module):
@@ -302,33 +322,25 @@ def _final_norm(cfg: TransformerConfig, x: Array) -> Array:
                       param_dtype=cfg.param_dtype, name='final_norm')(x)
 
 
-def _default_positions(tokens: Array) -> Array:
-  return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+_default_positions = lambda tokens: jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
 
 
 class Encoder(nn.Module):
-  """The encoder stack (section 3.1): embedding, then num_encoder_layers self-attention layers.
-
-  Attributes:
-    config: the architecture.
-    token_embedding: the (possibly shared) token table.
-  """
+  """The encoder stack (section 3.1): embedding, then num_encoder_layers self-attention layers,
+  reading its tokens from `token_embedding` (the table shared with the decoder, by default)."""
 
   config: TransformerConfig
   token_embedding: nn.Embed
 
   @nn.compact
   def __call__(self, sources, positions=None, segment_ids=None) -> Array:
-    """The encoder's output.
+    """The encoder's output [batch, length, d_model], in config.dtype.
 
     Args:
       sources: [batch, length] token ids, 0 = padding.
       positions: [batch, length] positions (packed rows restart at 0 per pair); default 0, 1, ...
       segment_ids: [batch, length] pair of each token in a packed row (1, 2, ...; 0 = padding);
         tokens attend only within their pair. None: one pair per row.
-
-    Returns:
-      [batch, length, d_model] states in config.dtype.
     """
     cfg = self.config
     if positions is None:
@@ -342,12 +354,8 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
   """The decoder stack (section 3.1): embedding of the right-shifted targets, then
-  num_decoder_layers of causal self-attention, cross-attention and feed-forward.
-
-  Attributes:
-    config: the architecture; with config.decode, one position per call over a cache.
-    token_embedding: the (possibly shared) token table.
-  """
+  num_decoder_layers of causal self-attention, cross-attention and feed-forward; with
+  config.decode, one position per call over a cache."""
 
   config: TransformerConfig
   token_embedding: nn.Embed
@@ -355,7 +363,7 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
                target_segment_ids=None) -> Array:
-    """The decoder's output before the output projection, in config.output_projection_dtype.
+    """The decoder's output before the output projection.
 
     Args:
       encoded: [batch, source_length, d_model] encoder output.
@@ -365,7 +373,7 @@ class Decoder(nn.Module):
       target_positions, source_segment_ids, target_segment_ids: of packed rows, as in `Encoder`.
 
     Returns:
-      [batch, length, d_model] states in config.dtype.
+      [batch, length, d_model] states in config.output_projection_dtype (None: config.dtype).
     """
     cfg = self.config
     decode_index = None
@@ -432,12 +440,9 @@ class Transformer(nn.Module):
 
   def decode(self, encoded, sources, targets, target_positions=None, source_segment_ids=None,
              target_segment_ids=None) -> Array:
-    """Float32 logits [batch, length, vocab] for `targets`; arguments as in `Decoder`.
-
-    With `config.decode`, call once with `targets` a [batch, max_length] placeholder and
-    `mutable=['cache']` to set up the cache (this also projects the encoder output for
-    cross-attention), then once per step with the previous token [batch, 1].
-    """
+    """Float32 logits [batch, length, vocab] for `targets`; arguments as in `Decoder`. With
+    `config.decode`, call once with `mutable=['cache']` and `targets` a [batch, max_length]
+    placeholder (the cache's set-up), then once per step with the previous token [batch, 1]."""
     y = self.decoder(encoded, sources, targets, target_positions, source_segment_ids,
                      target_segment_ids)
     return self.project_output(y)
@@ -455,8 +460,7 @@ class Transformer(nn.Module):
         itself (`kernels.loss.projected_token_sums` with `output_table`).
 
     Returns:
-      float32 logits [batch, target_length, vocab], or the decoder's output [batch,
-      target_length, d_model] with `project=False`.
+      float32 logits [batch, target_length, vocab] (with `project=False` the decoder's output).
     """
     encoded = self.encode(sources, source_positions, source_segment_ids)
     if project:
@@ -489,11 +493,3 @@ def output_table(params) -> Array:
     return params['output_projection']['embedding']
   return params.get('target_embedding', params['source_embedding'])['embedding']
 
-
-def parameters_per_token(params) -> tuple[int, int]:
-  """Parameters used per source token (encoder) and per target token (decoder + projection)."""
-  size = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
-  embedding = params['source_embedding']['embedding'].size
-  decoder = size(params['decoder']) + size(params.get('output_projection', {})) + (
-      embedding if 'output_projection' not in params else 0)
-  return size(params['encoder']), decoder

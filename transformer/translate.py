@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 from transformer import checkpoints, data, decode, marian, metrics, train_step
 from transformer import config as config_lib
 from transformer.kernels import choice, compile_ahead
+from transformer.sampling import sample
 
 LENGTH_STEP = 8  # padded source lengths are multiples of this: few compiled shapes
 LOG_EVERY_SECS = 30  # progress lines when the output is not a terminal
@@ -90,7 +91,7 @@ def source_tokens_per_device(implementations: choice.Implementations, beam_size:
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-  """Outputs drawn by `decode.sample` instead of found by beam search.
+  """Outputs drawn by `sampling.sample` instead of found by beam search.
 
   Attributes:
     temperature: the logits are divided by it; 0: greedy search.
@@ -143,9 +144,8 @@ def search_function(configs: list[ml_collections.ConfigDict],
     first_key = jax.random.key(sampling.seed)
     keys = jax.vmap(lambda line: jax.random.split(jax.random.fold_in(first_key, line),
                                                   sampling.num_samples))(line_numbers)
-    tokens, log_probs = decode.sample(model_config, params, sources, keys,
-                                      sampling.temperature, sampling.top_k, sampling.top_p,
-                                      extra_length)
+    tokens, log_probs = sample(model_config, params, sources, keys, sampling.temperature,
+                               sampling.top_k, sampling.top_p, extra_length)
     return tokens, log_probs, log_probs / penalty(tokens)
 
   return search
@@ -169,7 +169,7 @@ class Translator:
   order. Also the log-probability of given translations (`score`).
 
   Args:
-    config: the run's validated config (model, decode_batch_tokens, decode_extra_length, ...), or
+    config: the run's validated config (model, implementation, decode_extra_length, ...), or
       a list of several runs' configs sharing one vocabulary: their ensemble, with the first's
       settings.
     vocab: its vocabulary.

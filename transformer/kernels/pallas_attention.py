@@ -1,6 +1,6 @@
 """Scaled dot-product attention over rows of up to 128 positions, one Pallas kernel each way.
 
-cuDNN's flash attention (`model.attention_implementation='cudnn'`) walks each row in tiles, with
+cuDNN's flash attention (`implementation.attention='cudnn'`) walks each row in tiles, with
 an online softmax forward and, backward, a pass for the output's row sums and a float32 query
 gradient accumulated across tiles and converted after; at 128 positions a row fits one program
 (docs/speed.md has what that bought). Here one program per (batch row, head) holds the whole
