@@ -18,7 +18,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import config as config_lib
-from transformer import checkpoints, commands, data, lock, marian, trainer
+from transformer import checkpoints, commands, data, lock, marian, metrics, trainer
 from transformer.files import DirectoryError
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).',
@@ -92,7 +92,7 @@ def main(argv):
       sys.setswitchinterval(5e-4)
     trainer.train(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, data.DataError, checkpoints.CheckpointError,
-          DirectoryError, lock.LockedError, marian.MarianError, trainer.TrainingError) as error:
+          DirectoryError, lock.LockedError, marian.MarianError, metrics.TrainingError) as error:
     sys.exit(f'train.py: {error}')
 
 

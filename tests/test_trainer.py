@@ -30,9 +30,10 @@ from tensorboardX.proto import event_pb2
 from conftest import error_line, popen_as_from_a_terminal, train_in_process
 from configs import tiny
 from transformer import config as config_lib
-from transformer import data, lock, metrics, train_step, trainer
+from transformer import data, evaluator, lock, metrics, train_step, trainer
 from transformer.kernels import choice, compile_ahead, packing
 from transformer.checkpoints import CheckpointError, Checkpoints, load_params
+from transformer.checkpoints import layout as checkpoint_layout
 from transformer.files import DirectoryError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +87,7 @@ def full_run(tmp_path_factory):
   """100 steps of configs/tiny.py in one go (checkpoints at 50 and 100)."""
   workdir = str(tmp_path_factory.mktemp('full'))
   compile_program, lower = compile_ahead.Programs._compile, compile_ahead.Programs.lower
-  compile_ahead_fn = trainer._Evaluator.compile_ahead
+  compile_ahead_fn = evaluator.Evaluator.compile_ahead
   train_step_fn = train_step.StepFunctions.train_step
   steps_run = []
 
@@ -104,7 +105,7 @@ def full_run(tmp_path_factory):
     patch.setattr(compile_ahead.Programs, 'lower', lambda programs, *args: LOWERED_AFTER.append(
         len(steps_run)) or lower(programs, *args))
     patch.setattr(trainer, '_OptimizerStep', CountedOptimizerStep)
-    patch.setattr(trainer._Evaluator, 'compile_ahead', lambda *args: STEPS_BEFORE_COMPILE_AHEAD
+    patch.setattr(evaluator.Evaluator, 'compile_ahead', lambda *args: STEPS_BEFORE_COMPILE_AHEAD
                   .append(len(steps_run)) or TRACES_BEFORE_COMPILE_AHEAD.append(
                       len(TRAIN_STEP_TRACES)) or compile_ahead_fn(*args))
     patch.setattr(train_step.StepFunctions, 'train_step', lambda *args: TRAIN_STEP_TRACES.append(
@@ -187,9 +188,9 @@ def tensorboard_texts(workdir) -> dict[tuple[str, int], str]:
 def test_step_times_leave_out_evaluation_and_checkpoints_anywhere_in_a_log_window(tmp_path,
                                                                                   monkeypatch):
   clock = [1000.0]
-  monkeypatch.setattr(trainer, 'time', types.SimpleNamespace(time=lambda: clock[0]))
+  monkeypatch.setattr(metrics, 'time', types.SimpleNamespace(time=lambda: clock[0]))
   writer = metrics.MetricsWriter(str(tmp_path), enabled=True)
-  log = trainer._TrainLog(types.SimpleNamespace(num_train_steps=8), (1, 1), None, writer)
+  log = metrics.TrainLog(types.SimpleNamespace(num_train_steps=8), (1, 1), None, writer)
   step_sums = {key: np.ones(1) for key in ('loss', 'nll', 'correct', 'tokens', 'source_tokens',
                                            'finite', 'learning_rate', 'grad_norm')}
   pauses = {2: 10.0, 4: 30.0}  # a checkpoint inside the first window, an evaluation at its log
@@ -290,41 +291,41 @@ def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_p
 def test_closing_the_evaluator_stops_compiling_ahead_after_the_program_at_hand(tmp_path,
                                                                                monkeypatch):
   config = tiny.get_config()
-  config.decode_batch_tokens = 3 * 16  # beam 4, 12 source tokens a call: several search shapes
+  config.implementation.decode_batch_tokens = 3 * 16  # beam 4, 12 source tokens a call: several search shapes
   vocab = data.load_or_train_vocabulary(config, str(tmp_path))
   shard = dict(process_index=0, process_count=1, num_devices=jax.local_device_count())
   steps = train_step.StepFunctions(config, choice.for_this_machine(config))
-  evaluator = trainer._Evaluator(config, vocab, steps, shard,
-                                 metrics.MetricsWriter(str(tmp_path), enabled=False))
+  evaluation = evaluator.Evaluator(config, vocab, steps, shard,
+                                  metrics.MetricsWriter(str(tmp_path), enabled=False))
   params = jax_utils.replicate(packing.pack_state(train_step.initial_state(config)).params)
   compile_program, compiling = compile_ahead.Programs._compile, threading.Event()
   compiled_keys = []
 
   def compile_once_closing(programs, key, args):  # the first compilation outlasts `close`'s call
     compiling.set()
-    while not evaluator.ahead._closing.is_set():
+    while not evaluation.ahead._closing.is_set():
       time.sleep(0.01)
     compiled_keys.append(key)
     return compile_program(programs, key, args)
 
   monkeypatch.setattr(compile_ahead.Programs, '_compile', compile_once_closing)
-  evaluator.compile_ahead(params, ['validation'], ['validation', 'test'])
-  evaluator.training_started()
+  evaluation.compile_ahead(params, ['validation'], ['validation', 'test'])
+  evaluation.training_started()
   assert compiling.wait(60)
-  evaluator.close()
-  assert len(compiled_keys) == 1 and list(evaluator.eval_programs.compiled) == compiled_keys
+  evaluation.close()
+  assert len(compiled_keys) == 1 and list(evaluation.eval_programs.compiled) == compiled_keys
   # The beam searches were lowered before it and stay uncompiled.
-  searches = evaluator.translator.programs
+  searches = evaluation.translator.programs
   assert len(searches._lowered) >= 2 and not searches.compiled
 
 
 _TWO_CTRL_C = """
 import os, signal, sys, time
-from transformer import interrupts, trainer
+from transformer import interrupts, preemption as preemption_lib
 if sys.argv[1] == 'ignored':  # as for a script's background job
   signal.signal(signal.SIGINT, signal.SIG_IGN)
 interrupts.end_at_once('train.py')
-preemption = trainer._Preemption()
+preemption = preemption_lib.Preemption()
 os.kill(os.getpid(), signal.SIGINT)
 time.sleep(1)
 print(preemption.received, preemption.signal_name, flush=True)
@@ -354,7 +355,7 @@ def test_a_second_ctrl_c_ends_at_once_and_an_ignored_one_stays_ignored(case):
 _LONG_CALL = """
 import hashlib, os, runpy, sys
 from absl import logging
-from transformer import files, trainer
+from transformer import evaluator, files, trainer
 from transformer.data import vocabulary
 
 workdir, phase = sys.argv[1:3]
@@ -370,7 +371,7 @@ if phase == 'preparing':  # the vocabulary's training
 elif phase == 'compiling':  # the first step, which compiles it
   trainer._OptimizerStep.__call__ = long_call
 else:  # the closing BLEU
-  trainer._Evaluator.bleu = long_call
+  evaluator.Evaluator.bleu = long_call
 sys.argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', *sys.argv[3:]]
 runpy.run_path('train.py', run_name='__main__')
 """
@@ -412,7 +413,7 @@ def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, 
   # A BLEU evaluation at step 30, one sentence per beam-search call: long enough to be cut.
   workdir = str(tmp_path)
   process = popen_as_from_a_terminal(
-      train_command(workdir, '--config.bleu_every_steps=30', '--config.decode_batch_tokens=1'),
+      train_command(workdir, '--config.bleu_every_steps=30', '--config.implementation.decode_batch_tokens=1'),
       cwd=ROOT, env=_env(4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   seen = []
   for line in process.stderr:  # until the evaluation starts
@@ -460,8 +461,8 @@ def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
 
 
 @pytest.mark.parametrize('override,message', [
-    ({'model.attention_implementation': 'cudnn', 'model.dtype': 'bfloat16'},
-     "config.model.attention_implementation='cudnn': cuDNN attention needs an NVIDIA GPU of "
+    ({'implementation.attention': 'cudnn', 'model.dtype': 'bfloat16'},
+     "config.implementation.attention='cudnn': cuDNN attention needs an NVIDIA GPU of "
      "compute capability 8.0 or later (here: cpu)")])
 def test_a_config_this_backend_cannot_run_leaves_the_workdir_as_it_was(tmp_path, override,
                                                                        message):
@@ -691,35 +692,42 @@ def _mixed_state():
           'opt_state': (np.int32(7), {'mu': np.linspace(-1, 1, 5, dtype=np.float32)})}
 
 
-def test_a_checkpoint_holds_one_vector_per_dtype_and_restores_the_tree(tmp_path):
+def test_a_checkpoint_is_the_plain_tree_orbax_reads_and_restores_as_it_was(tmp_path):
   state = _mixed_state()
   checkpoints = Checkpoints(str(tmp_path))
   checkpoints.save(3, state, {'step': 3})
   checkpoints.wait()
-  stored = ocp.StandardCheckpointer().metadata(os.path.join(str(tmp_path), 'checkpoints', '3',
-                                                            'state')).item_metadata.tree
-  assert {name: (m.shape, m.dtype) for name, m in stored.items()} == {
-      'float32': ((16,), np.float32), 'int32': ((1,), np.int32)}
-  tree, meta = checkpoints.restore(3, jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state))
+  like = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
+  # Orbax alone, without this code, reads it back as the same tree.
+  read = ocp.StandardCheckpointer().restore(
+      os.path.join(str(tmp_path), 'checkpoints', '3', 'state'), like)
+  tree, meta = checkpoints.restore(3, like)
+  checkpoints.close()
+  for got in (read, tree):
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(state)
+    for restored, saved in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(state)):
+      assert restored.dtype == saved.dtype
+      np.testing.assert_array_equal(restored, saved)
+  assert meta == {'step': 3}
+
+
+@pytest.mark.parametrize('written', ['packed', 'without a layout'])
+def test_checkpoints_of_earlier_versions_are_still_restored(tmp_path, written):
+  """An earlier version's packed state (one vector per dtype, its layout beside it), and the
+  first one's (Orbax's tree, no layout)."""
+  state = _mixed_state()
+  checkpoints = Checkpoints(str(tmp_path))
+  items = {'state': ocp.args.StandardSave(state), 'meta': ocp.args.JsonSave({'step': 5})}
+  if written == 'packed':
+    items.update(state=ocp.args.StandardSave(packing.pack(state)),
+                 layout=ocp.args.JsonSave({'arrays': checkpoint_layout(state)}))
+  checkpoints.manager.save(5, args=ocp.args.Composite(**items))
+  checkpoints.manager.wait_until_finished()
+  tree, meta = checkpoints.restore(5, state)
   checkpoints.close()
   assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(state)
   for restored, saved in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(state)):
     assert restored.dtype == saved.dtype
-    np.testing.assert_array_equal(restored, saved)
-  assert meta == {'step': 3}
-
-
-def test_checkpoints_of_one_array_per_leaf_are_still_restored(tmp_path):
-  """The layout written before vectors per dtype: Orbax's tree of the state as it is."""
-  state = _mixed_state()
-  checkpoints = Checkpoints(str(tmp_path))
-  checkpoints.manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      meta=ocp.args.JsonSave({'step': 5})))
-  checkpoints.manager.wait_until_finished()
-  tree, meta = checkpoints.restore(5, state)
-  checkpoints.close()
-  for restored, saved in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(state)):
     np.testing.assert_array_equal(restored, saved)
   assert meta == {'step': 5}
 

@@ -1,11 +1,11 @@
 """Orbax checkpoints under `<workdir>/checkpoints/<step>/`: the training state and where the data was.
 
-Each checkpoint holds `state`, the parameters' and optimizer state's arrays concatenated into one
-vector per dtype; `layout` (JSON), each array's path, shape and dtype in that order; and `meta`
-(JSON: step, data position and the device count the data was sharded over). Orbax's time and its
-hold on the interpreter grow with the number of arrays saved, which the training loop waits out
-(transformer/kernels/packing.py). Checkpoints of one array per leaf, written before, are read
-too. Every process calls save and restore: Orbax coordinates the writes.
+Each checkpoint holds `state`, the tree {'params': ..., 'opt_state': ...} as Orbax saves any
+tree (`ocp.StandardCheckpointer().restore(<step>/state)` reads it without this code); `layout`
+(JSON), each array's path, shape and dtype, which a restore checks first; and `meta` (JSON: step,
+data position and the device count the data was sharded over). Checkpoints of earlier versions
+are read too: those whose state is packed, one vector per dtype (kernels/packing.py), and those
+without a layout. Every process calls save and restore: Orbax coordinates the writes.
 """
 
 import concurrent.futures
@@ -22,7 +22,7 @@ from absl import logging
 from etils import epath
 
 from transformer import files, train_step
-from transformer.kernels.packing import pack, unpack
+from transformer.kernels.packing import unpack
 
 STATE, META, LAYOUT = 'state', 'meta', 'layout'
 CHECKPOINTS_DIR = 'checkpoints'  # in a workdir
@@ -54,8 +54,8 @@ _LAYOUTS = {}  # (tree structure, shapes and dtypes) -> its layout
 
 
 def layout(tree) -> list[list]:
-  """[path, shape, dtype] of each of `tree`'s arrays, in the order `pack` concatenates them.
-  Made once per structure: naming the paths at every save held the interpreter, which the
+  """[path, shape, dtype] of each of `tree`'s arrays, in its leaves' order (in which an earlier
+  version's packed checkpoints concatenated them, kernels/packing.py). Made once per structure: naming the paths at every save held the interpreter, which the
   training loop shares."""
   leaves, structure = jax.tree_util.tree_flatten(tree)
   key = structure, tuple((tuple(x.shape), np.dtype(x.dtype).name) for x in leaves)
@@ -149,8 +149,9 @@ class Checkpoints:
     """
     def save():
       self.manager.save(step, args=ocp.args.Composite(**{
-          STATE: ocp.args.StandardSave(pack(state_tree)), META: ocp.args.JsonSave(meta),
-          LAYOUT: ocp.args.JsonSave({'arrays': layout(state_tree)})}), force=True)
+          STATE: ocp.args.StandardSave(state_tree), META: ocp.args.JsonSave(meta),
+          LAYOUT: ocp.args.JsonSave({'arrays': layout(state_tree), 'packed': False})}),
+                        force=True)
 
     size = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(state_tree))
     if self._saver is None:  # the previous save is checked first, not waited for after
@@ -188,11 +189,13 @@ class Checkpoints:
         the message names the directory and what to do.
     """
     self.wait()
-    packed = (epath.Path(self.directory) / str(step) / LAYOUT).exists()
+    has_layout = (epath.Path(self.directory) / str(step) / LAYOUT).exists()
+    packed = False  # an earlier version's: one vector per dtype
     try:
-      if packed:
+      if has_layout:
         arrays = layout(like)
-        self._check_layout(step, arrays)
+        packed = self._check_layout(step, arrays)
+      if packed:
         sizes = {}
         for _, shape, dtype in arrays:
           sizes[dtype] = sizes.get(dtype, 0) + math.prod(shape)
@@ -208,10 +211,12 @@ class Checkpoints:
     state = unpack(restored[STATE], like) if packed else restored[STATE]
     return state, restored[META]
 
-  def _check_layout(self, step: int, expected: list[list]):
-    """Raises CheckpointError unless checkpoint `step` holds the arrays of layout `expected`."""
-    stored = self.manager.restore(step, args=ocp.args.Composite(**{
-        LAYOUT: ocp.args.JsonRestore()}))[LAYOUT]['arrays']
+  def _check_layout(self, step: int, expected: list[list]) -> bool:
+    """Raises CheckpointError unless checkpoint `step` holds the arrays of layout `expected`;
+    returns whether they are packed (an earlier version's checkpoint)."""
+    stored_layout = self.manager.restore(step, args=ocp.args.Composite(**{
+        LAYOUT: ocp.args.JsonRestore()}))[LAYOUT]
+    stored = stored_layout['arrays']
     if stored != expected:
       first = next((i for i, (a, b) in enumerate(zip(stored, expected)) if a != b),
                    min(len(stored), len(expected)))
@@ -221,6 +226,7 @@ class Checkpoints:
           f'state ({len(stored)} against {len(expected)}; the first difference: {name(stored)} '
           f'where {name(expected)} is expected): it was written by another model, or by other '
           'versions of flax or optax; restore it with the config and versions that wrote it')
+    return stored_layout.get('packed', True)
 
   def _unreadable(self, step: int, error: Exception) -> str:
     earlier = [s for s in self.all_steps() if s < step]

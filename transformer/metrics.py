@@ -6,7 +6,9 @@ import math
 import os
 import time
 
+import jax
 import numpy as np
+from absl import logging
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2
 from tensorboardX.summary import scalar, text
@@ -27,6 +29,15 @@ def summarize(step_sums: list[dict]) -> dict:
       'target_tokens': total['tokens'],
       'source_tokens': total['source_tokens'],
   }
+
+
+def parameters_per_token(params) -> tuple[int, int]:
+  """Parameters used per source token (encoder) and per target token (decoder + projection)."""
+  size = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
+  embedding = params['source_embedding']['embedding'].size
+  decoder = size(params['decoder']) + size(params.get('output_projection', {})) + (
+      embedding if 'output_projection' not in params else 0)
+  return size(params['encoder']), decoder
 
 
 class MetricsWriter:
@@ -103,3 +114,74 @@ def log_line(step: int, total_steps: int, m: dict) -> str:
 def hours_minutes_seconds(secs: float) -> str:
   """'1h02m03s'."""
   return f'{int(secs // 3600)}h{int(secs % 3600 // 60):02d}m{int(secs % 60):02d}s'
+
+
+class TrainingError(RuntimeError):
+  """Training cannot go on; the message says at which step and why."""
+
+
+class TrainLog:
+  """Collects the steps' metrics on device and turns them into rates at each log step.
+
+  Step times leave out evaluation and checkpointing (`paused`), wherever they fall in the window
+  of steps between two logs.
+  """
+
+  def __init__(self, config, parameters_per_token: tuple[int, int], checkpoints,
+               writer: MetricsWriter):
+    self.total_steps, self.checkpoints, self.writer = config.num_train_steps, checkpoints, writer
+    self.encoder_params, self.decoder_params = parameters_per_token
+    self.pending = []
+    self.restart_clock()
+
+  def restart_clock(self):
+    self.since = time.time()
+    self.left_out = 0.0  # seconds since `since` spent in `paused`
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Leaves the time spent inside out of the step times, from when the steps dispatched before
+    it have finished."""
+    jax.block_until_ready(self.pending)
+    began = time.time()
+    try:
+      yield
+    finally:
+      self.left_out += time.time() - began
+
+  def add(self, step_metrics):
+    self.pending.append(step_metrics)
+
+  def check_finite(self, step: int) -> list[dict]:
+    """The pending steps' metrics on the host; stops at the first non-finite loss."""
+    step_metrics = [jax.tree_util.tree_map(lambda x: float(x[0]), m)
+                    for m in jax.device_get(self.pending)]
+    for offset, m in enumerate(step_metrics):
+      if not m['finite']:
+        bad_step = step - len(step_metrics) + offset + 1
+        latest = self.checkpoints.latest_step()
+        kept = (f'the latest checkpoint (step {latest}) holds the last good parameters'
+                if latest is not None else 'no checkpoint was written before it')
+        raise TrainingError(
+            f'the loss is {m["loss"]} at step {bad_step}: training stopped; {kept}. Lower the '
+            'learning rate (config.lr_scale) or enable config.grad_clip_norm.')
+    return step_metrics
+
+  def write(self, step: int):
+    step_metrics = self.check_finite(step)  # waits for the steps to finish computing
+    elapsed = time.time() - self.since - self.left_out
+    values = summarize(step_metrics)
+    values.update(
+        learning_rate=step_metrics[-1]['learning_rate'],
+        grad_norm=float(np.mean([m['grad_norm'] for m in step_metrics])),
+        step_secs=elapsed / len(step_metrics),
+        target_tokens_per_sec=values['target_tokens'] / elapsed,
+        # Matrix multiplies only (forward + backward = 6 FLOPs per parameter and token).
+        model_flops_per_sec=6 * (self.encoder_params * values['source_tokens'] +
+                                 self.decoder_params * values['target_tokens']) / elapsed)
+    values['eta_secs'] = values['step_secs'] * (self.total_steps - step)
+    if self.writer.enabled:
+      logging.info('%s', log_line(step, self.total_steps, values))
+    self.writer.write(step, values)
+    self.pending = []
+    self.restart_clock()
