@@ -65,7 +65,7 @@ for stage in "$@"; do
         -k online ;;
     base_train|base_train_cudnn)
       cudnn=()
-      [[ $stage == *cudnn ]] && cudnn=(--config.model.attention_implementation=cudnn)
+      [[ $stage == *cudnn ]] && cudnn=(--config.implementation.attention=cudnn)
       run "$stage" 240 python3 train.py --config=configs/default.py --workdir="$work/$stage" \
         --config.dataset=multi30k --config.manual_dir="$data" --config.vocab_size=16000 \
         --config.max_length=128 --config.packing=True --config.num_train_steps=1000 \
@@ -97,9 +97,9 @@ print("bfloat16 matmul peak", measure.matmul_peak(10, jnp.bfloat16))' ;;
       side=ours variant='vocab_size=16000 max_length=128 packing=True'
       case $stage in
         *flax) side=flax ;;
-        *xla_attention) variant+=' model.attention_implementation=xla' ;;
-        *cudnn) variant+=' model.attention_implementation=cudnn' ;;
-        *separate_loss) variant+=' loss_reduction=separate' ;;
+        *xla_attention) variant+=' implementation.attention=xla' ;;
+        *cudnn) variant+=' implementation.attention=cudnn' ;;
+        *separate_loss) variant+=' implementation.loss_reduction=separate' ;;
       esac
       run "$stage" 150 python3 -m benchmarks.profile_step --size=base --shape=192x128 --packed \
         --variant="$variant" --steps=3 --side=$side --flax_dir="$flax" --top=30 \

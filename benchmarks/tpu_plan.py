@@ -10,8 +10,8 @@ laid out as a Cloud TPU VM slice of that shape is: one JAX device per chip, host
 for v5e and v6e slices of up to 8 chips). The programs are train.py's on that slice, pmapped over
 all its devices, as every host runs them: the train step (with grad_accum_steps > 1, its
 gradient, accumulation and update programs), the evaluation step and beam search at the decode
-batch (decode_batch_tokens). The implementations are those a TPU runs (`kernels.choice`): none of
-the GPU kernels.
+batch (implementation.decode_batch_tokens). The implementations are those a TPU runs
+(`kernels.choice`): none of the GPU kernels.
 
 A batch holds a device's share of tokens_per_batch in real tokens, and padding besides: rows are
 as many as hold the budget at the mean real tokens per row of their length (`batching`), so the
@@ -293,8 +293,8 @@ def advice(result: dict, config) -> str | None:
     return f'{line}; its arguments alone take {fixed / GIB:.2f} GiB: take chips with more memory'
   if name.startswith('beam_search'):
     share = worst['temporaries'] / (hbm - fixed)
-    tokens = int((config.decode_batch_tokens or 2**17) / share)
-    return f'{line}; lower decode_batch_tokens to {tokens}'
+    tokens = int((config.implementation.decode_batch_tokens or 2**17) / share)
+    return f'{line}; lower implementation.decode_batch_tokens to {tokens}'
   steps = math.ceil(config.grad_accum_steps * worst['temporaries'] / (hbm - fixed))
   return (f'{line}; raise grad_accum_steps to {steps} (or lower tokens_per_batch, or take more '
           'chips)')

@@ -77,8 +77,6 @@ def get_config():
       attention_bias=False,
       output_bias=False,
       scale_embedding=True,
-      # 'xla', 'cudnn' or 'pallas' (transformer/kernels); '' = the fastest this machine runs.
-      attention_implementation='',
       dtype='bfloat16',  # computation; the paper trained in float32 on P100 GPUs
       param_dtype='float32',
       # The decoder output's dtype for the output projection, its sums float32 either way;
@@ -88,11 +86,6 @@ def get_config():
 
   # Optimisation (section 5.3-5.4): Adam, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   config.label_smoothing = 0.1
-  # How the loss and the projections compute, not what (transformer/kernels/README.md); '' or 0 =
-  # the fastest this machine runs (transformer/kernels/choice.py).
-  config.loss_chunk_tokens = 0  # target positions per chunk of the output projection and loss
-  config.loss_reduction = ''  # 'separate' passes over the logits, or 'online', one
-  config.attention_projection = ''  # 'heads' (DenseGeneral's product) or 'matrix'
   config.schedule = 'paper'  # or 'warmup_rsqrt': the same shape from peak_learning_rate
   config.lr_scale = 1.0  # 'paper' only
   config.peak_learning_rate = 7e-4  # 'warmup_rsqrt' only; ~ the paper's peak for base
@@ -109,10 +102,6 @@ def get_config():
   # vocabulary and weights replace config.model's architecture keys, vocab_size and the random
   # initialisation; training then fine-tunes it on the config's data.
   config.init_from = ''
-  # Dropout's random bits (not in the paper): 'hash' (transformer/kernels/hash_rng.py) hashes each
-  # element's index with the key, the same bits on every backend and cheaper than JAX's generators
-  # ('rbg', 'unsafe_rbg', or its default 'threefry2x32').
-  config.dropout_rng_impl = 'hash'
 
   # Logging, evaluation and checkpoints (0 = never).
   config.log_every_steps = 100
@@ -140,10 +129,22 @@ def get_config():
   # Target languages whose paper BLEU splits compounds (##AT##), as get_ende_bleu.sh does for
   # German; comma-separated.
   config.compound_split_languages = 'de'
-  # Source tokens x beam_size per beam-search call and device (not from the paper). 0 = by
-  # machine: the training batch's share on a CPU, 2**17 on an accelerator.
-  config.decode_batch_tokens = 0
 
+  # How it computes, not what (transformer/kernels/README.md): each choice gives the same results
+  # at another speed; '' or 0 = the fastest this machine runs (transformer/kernels/choice.py).
+  config.implementation = ml_collections.ConfigDict(dict(
+      attention='',  # 'xla' (model.dot_product_attention), 'cudnn' or 'pallas'
+      attention_projection='',  # 'heads' (DenseGeneral's product) or 'matrix'
+      loss_chunk_tokens=0,  # target positions per chunk of the output projection and loss
+      loss_reduction='',  # 'separate' passes over the logits, or 'online', one
+      # Dropout's random bits (not in the paper): 'hash' (transformer/kernels/hash_rng.py) hashes
+      # each element's index with the key, the same bits on every backend and cheaper than JAX's
+      # generators ('rbg', 'unsafe_rbg', or its default 'threefry2x32').
+      dropout_rng='hash',
+      # Source tokens x beam_size per beam-search call and device (not from the paper). 0: the
+      # training batch's share on a CPU, 2**17 on an accelerator.
+      decode_batch_tokens=0,
+  ))
   # Where compiled programs are kept for later runs and eval.py (empty = not kept), e.g.
   # ~/.cache/transformer-nmt/jax: a second run starts without compiling.
   config.compilation_cache_dir = ''

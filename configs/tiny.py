@@ -17,7 +17,8 @@ def get_config(pair: str = 'en-de'):
   config.max_length = 16
   config.tokens_per_batch = 1024
   config.packing = True  # one batch shape: one train step to compile
-  config.decode_batch_tokens = 4096  # a split's sentences in one beam-search call: one shape
+  # A split's sentences in one beam-search call: one shape.
+  config.implementation.decode_batch_tokens = 4096
   config.model.update(dict(
       d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
       max_positions=128, dtype='float32'))

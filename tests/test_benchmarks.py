@@ -218,7 +218,7 @@ needs_cuda_plugin = pytest.mark.skipif(
 def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   subprocess.run([sys.executable, '-m', 'benchmarks.gpu_plan', '--size=multi30k',
                   '--shape=16x16', '--variant=', '--variant=xla_flags=',
-                  '--variant=model.dtype=bfloat16 model.attention_implementation=cudnn',
+                  '--variant=model.dtype=bfloat16 implementation.attention=cudnn',
                   '--variant=model.dtype=bfloat16',  # an H100's choice: the fused attention's
                   '--flax_dir=', f'--output={tmp_path}'], check=True, cwd=ROOT)
   configured, defaults, half, attention = json.loads(
@@ -734,10 +734,11 @@ def test_a_packed_random_batch_is_laid_out_as_train_pys_packed_batches():
 def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
   config = workload.load_config(
       "xla_flags='--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger' "
-      'attention_projection=heads model.num_heads=4', size='base')
+      'implementation.attention_projection=heads model.num_heads=4', size='base')
   assert config.xla_flags == ('--xla_gpu_enable_triton_gemm=false '
                               '--xla_disable_hlo_passes=dot-merger')
-  assert config.attention_projection == 'heads' and config.model.num_heads == 4
+  assert (config.implementation.attention_projection == 'heads' and
+          config.model.num_heads == 4)
   with pytest.raises(SystemExit, match='model.num_head'):
     workload.load_config('model.num_head=4')
 

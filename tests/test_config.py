@@ -1,5 +1,6 @@
 """Config files hold the paper's numbers; bad values fail early with one message naming the key."""
 
+import dataclasses
 import json
 import os
 import statistics
@@ -10,6 +11,7 @@ from benchmarks import reproduce_multi30k
 from configs import default, multi30k, tiny, wmt14
 from transformer import config as config_lib
 from transformer import trainer
+from transformer.model import TransformerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_CONFIGS = {
@@ -87,16 +89,16 @@ BAD_VALUES = [
     ('average_last', 9, 'keep_checkpoints'),
     ('schedule', 'cosine', "'paper'"),
     ('beam_size', 0, 'integer >= 1'),
-    ('loss_chunk_tokens', -1, 'integer >= 0'),
-    ('decode_batch_tokens', -1, 'integer >= 0'),
+    ('implementation.loss_chunk_tokens', -1, 'integer >= 0'),
+    ('implementation.decode_batch_tokens', -1, 'integer >= 0'),
     ('compilation_cache_dir', None, 'directory or empty'),
     ('vocab_size', 259, '256 byte pieces and 3 special ids'),
-    ('dropout_rng_impl', 'philox', "'hash', 'rbg'"),
-    ('loss_reduction', 'fused', "'separate', 'online'"),
-    ('attention_projection', 'einsum', "'matrix', 'heads'"),
+    ('implementation.dropout_rng', 'philox', "'hash', 'rbg'"),
+    ('implementation.loss_reduction', 'fused', "'separate', 'online'"),
+    ('implementation.attention_projection', 'einsum', "'matrix', 'heads'"),
     ('xla_flags', 'xla_gpu_enable_triton_gemm=false', "'--xla_name=value'"),
     ('xla_flags', '--xla_gpu_autotune_level', "'--xla_name=value'"),
-    ('model.attention_implementation', 'flash', "'xla', 'cudnn', 'pallas'"),
+    ('implementation.attention', 'flash', "'xla', 'cudnn', 'pallas'"),
     ('tfds_data_dir', 'gs://bucket/tfds', 'mount the bucket'),
     ('compound_split_languages', None, 'comma-separated language codes'),
 ]
@@ -145,25 +147,62 @@ def test_paper_bleu_splits_compounds_of_the_configured_languages(languages, targ
   assert config_lib.compound_split(config, config.target_lang) == split
 
 
-def test_a_workdir_config_from_before_added_keys_gets_their_defaults(tmp_path):
-  stored = json.loads(tiny.get_config().to_json())
-  for key in config_lib.ADDED_KEYS:
-    del stored[key]
-  for key in (*trainer.IMPLEMENTATION_KEYS, *config_lib.ADDED_MODEL_KEY_CHOICES):
-    del stored['model'][key]  # added to the model's keys
-  (tmp_path / 'config.json').write_text(json.dumps(stored))
+def test_the_table_of_keys_is_every_key_of_the_configs_and_the_model():
+  flat = default.get_config().to_dict()
+  keys = {f'{group}.{key}' for group, node in flat.items() if isinstance(node, dict)
+          for key in node} | {key for key, value in flat.items() if not isinstance(value, dict)}
+  assert keys == set(config_lib.KEYS)
+  # The model's fields, but those each use of the model sets (vocab_size from the data).
+  run_mode = {'vocab_size', 'deterministic', 'decode', 'attention_implementation',
+              'attention_projection'}
+  assert ({f'model.{f.name}' for f in dataclasses.fields(TransformerConfig)} - {
+      f'model.{name}' for name in run_mode}) == {key for key in keys if key.startswith('model.')}
+  config = default.get_config()
+  config.learning_rate = 1e-3
+  with pytest.raises(config_lib.ConfigError, match=r'^config\.learning_rate=0.001: unknown key'):
+    config_lib.validate(config)
+
+
+def _as_written_before(config, drop_added: bool) -> dict:
+  """`config` as a config.json of the first version: the keys since moved (config.MOVED_KEYS)
+  where they were, and (where `drop_added`) none of the keys added since."""
+  stored = json.loads(config.to_json())
+  moved_from = {new: old for old, new in config_lib.MOVED_KEYS.items()}
+  for key, spec in config_lib.KEYS.items():
+    group, _, leaf = key.rpartition('.')
+    value = (stored[group] if group else stored).pop(leaf)
+    if drop_added and spec.added is not config_lib.MISSING:
+      continue
+    old_group, _, old_leaf = moved_from.get(key, key).rpartition('.')
+    (stored[old_group] if old_group else stored)[old_leaf] = value
+  assert not stored.pop('implementation')
+  return stored
+
+
+@pytest.mark.parametrize('drop_added', [False, True])
+def test_a_workdir_config_from_before_moved_and_added_keys_reads_as_this_version(tmp_path,
+                                                                                drop_added):
+  (tmp_path / 'config.json').write_text(json.dumps(_as_written_before(tiny.get_config(),
+                                                                      drop_added)))
   # A run's: its vocabulary beside it binds the workdir to the config.
   (tmp_path / 'vocab').mkdir()
   (tmp_path / 'vocab' / 'sentencepiece.model').write_bytes(b'')
   config = config_lib.load_workdir_config(str(tmp_path))
-  assert {key: config[key] for key in config_lib.ADDED_KEYS} == config_lib.ADDED_KEYS
+  if not drop_added:
+    assert config == tiny.get_config()
+  added = {key: spec.added for key, spec in config_lib.KEYS.items()
+           if spec.added is not config_lib.MISSING}
+  assert len(added) == 18
+  if drop_added:
+    assert {key: config_lib._get(config, key) for key in added} == added
+    assert (config.implementation.dropout_rng, config.implementation.loss_chunk_tokens) == (
+        'hash', 0)  # moved, never added: every config.json holds them
   assert config_lib.model_config(config).attention_implementation == 'xla'
-  assert config_lib.model_config(config).output_projection_dtype is None
   tiny_config = tiny.get_config()
   trainer.check_and_write_config(tiny_config, str(tmp_path))  # resumes: no conflicting key
   assert config_lib.load_workdir_config(str(tmp_path)) == tiny_config
   # How the model computes may change on resuming; what it computes may not.
-  tiny_config.model.attention_implementation = 'xla'
+  tiny_config.implementation.attention = 'xla'
   tiny_config.model.output_projection_dtype = 'bfloat16'
   trainer.check_and_write_config(tiny_config, str(tmp_path))
   tiny_config.model.d_ff *= 2
@@ -176,10 +215,10 @@ def test_a_workdir_config_naming_a_removed_implementation_reads_as_the_default(t
   the same with XLA's, and resumes, evaluates and translates so."""
   stored = json.loads(tiny.get_config().to_json())
   stored['model']['norm_implementation'] = 'pallas'
-  stored['loss_reduction'] = 'pallas'
+  stored['implementation']['loss_reduction'] = 'pallas'
   (tmp_path / 'config.json').write_text(json.dumps(stored))
   config = config_lib.load_workdir_config(str(tmp_path))
-  assert 'norm_implementation' not in config.model and config.loss_reduction == ''
+  assert 'norm_implementation' not in config.model and config.implementation.loss_reduction == ''
   assert config == tiny.get_config()
   fresh = tiny.get_config()
   fresh.model.norm_implementation = 'pallas'

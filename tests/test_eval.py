@@ -257,7 +257,7 @@ def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir
              for path in (workdir, gpu_run)]
   assert all(result.returncode == 0 for result in results), results[1].stderr[-3000:]
   assert results[1].stdout == results[0].stdout and len(results[0].stdout.splitlines()) == 3
-  assert ("config.model.attention_implementation='cudnn': not on this machine (cpu); '' instead"
+  assert ("config.implementation.attention='cudnn': not on this machine (cpu); '' instead"
           in results[1].stderr), results[1].stderr[-3000:]
 
 

@@ -1,8 +1,11 @@
 """Checks an experiment config (an ml_collections.ConfigDict from configs/) before anything runs.
 
+`KEYS` is the table of every key: its check, what a resumed run may do with it, and the value a
+config.json from before it reads as. A new key is one line there and one in configs/default.py.
 `validate` raises one `ConfigError` naming the first bad key, its value and how to fix it;
-`model_config` turns a valid config into the model's `TransformerConfig`; `load_workdir_config`
-reads the config.json of a run, written by any earlier version.
+`check_resume` compares a config with a run's stored one; `model_config` turns a valid config into
+the model's `TransformerConfig`; `load_workdir_config` reads the config.json of a run, written by
+any earlier version.
 """
 
 import contextlib
@@ -11,6 +14,8 @@ import json
 import numbers
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
@@ -25,8 +30,6 @@ MULTI30K_LANGUAGES = ('en', 'de', 'fr')
 LOCAL_DATASETS = ('multi30k', 'synthetic', 'text')
 SCHEDULES = ('paper', 'warmup_rsqrt')
 BYTE_AND_SPECIAL_PIECES = 256 + 3  # every vocabulary holds these besides what it learns
-# Set by the code for each use of the model (training, evaluation, decoding), never by a config.
-RUN_MODE_FIELDS = {'vocab_size', 'deterministic', 'decode', 'attention_projection'}
 
 
 class SettingError(ValueError):
@@ -69,40 +72,6 @@ def _fail(key: str, value, problem: str, fix: str = '', example: bool = False):
   raise ConfigError(f'config.{key}={value!r}: {problem}', key, fix, example)
 
 
-def _get(config: ml_collections.ConfigDict, key: str):
-  node = config
-  for part in key.split('.'):
-    if part not in node:
-      raise ConfigError(f'config.{key} is missing: add it to the config file '
-                        '(configs/default.py lists every key)', key)
-    node = node[part]
-  return node
-
-
-def _check_int(config, key: str, minimum: int):
-  value = _get(config, key)
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    _fail(key, value, f'must be an integer >= {minimum}', 'N')
-  return value
-
-
-def _check_real(config, key: str, low: float, high: float, high_inclusive=False):
-  value = _get(config, key)
-  upper_ok = value <= high if high_inclusive else value < high
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (low <= value and
-                                                                           upper_ok):
-    bracket = ']' if high_inclusive else ')'
-    _fail(key, value, f'must be a number in [{low}, {high}{bracket}')
-  return value
-
-
-def _check_choice(config, key: str, choices):
-  value = _get(config, key)
-  if value not in choices:
-    _fail(key, value, f'must be one of {", ".join(map(repr, choices))}')
-  return value
-
-
 def language_pairs(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
   """(source, target) of each language pair the model translates: config.pairs's, or else the
   one of config.source_lang and target_lang."""
@@ -117,16 +86,10 @@ def language_tag(lang: str) -> str:
 
 
 def _check_pairs(config: ml_collections.ConfigDict):
-  tags = _get(config, 'source_tags')
-  if not isinstance(tags, str) or tags and not all(
-      re.fullmatch(r'<[^\s<>,]+>', tag) for tag in tags.split(',')):
-    _fail('source_tags', tags, "must be comma-separated tags such as '<BT>' (no spaces), or empty")
+  tags, pairs = config.source_tags, config.pairs
   if tags and config.init_from:
     _fail('source_tags', tags, "a Marian model's vocabulary (config.init_from) takes no new "
           'pieces: leave it empty')
-  pairs = _get(config, 'pairs')
-  if not isinstance(pairs, str):
-    _fail('pairs', pairs, "must be comma-separated language pairs, e.g. 'en-de,en-fr', or empty")
   if not pairs:
     return
   example = "comma-separated pairs of two language codes, e.g. 'en-de,en-fr'"
@@ -139,8 +102,8 @@ def _check_pairs(config: ml_collections.ConfigDict):
     if config.dataset == 'multi30k' and not set(languages) <= set(MULTI30K_LANGUAGES):
       _fail('pairs', pairs, f'{pair!r}: Multi30k has {", ".join(MULTI30K_LANGUAGES)} only')
   if len(set(pairs.split(','))) != len(pairs.split(',')) or len(pairs.split(',')) < 2:
-    _fail('pairs', pairs, f'a multilingual model needs two or more different pairs; give {example}, '
-          'or leave it empty for config.source_lang-config.target_lang')
+    _fail('pairs', pairs, 'a multilingual model needs two or more different pairs; give '
+          f'{example}, or leave it empty for config.source_lang-config.target_lang')
   first = language_pairs(config)[0]
   if (config.source_lang, config.target_lang) != first:
     _fail('pairs', pairs, f'its first pair is {"-".join(first)} but config.source_lang-'
@@ -155,137 +118,282 @@ def _check_pairs(config: ml_collections.ConfigDict):
           'languages: fine-tune it on one pair, with config.pairs empty')
 
 
-def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Returns `config` unchanged if every key is usable, else raises ConfigError."""
-  # Model.
-  model_keys = {f.name for f in dataclasses.fields(TransformerConfig)} - RUN_MODE_FIELDS
-  for key in _get(config, 'model'):
-    if key not in model_keys:
-      _fail(f'model.{key}', config.model[key],
-            f'unknown model key; known: {", ".join(sorted(model_keys))}')
-  d_model = _check_int(config, 'model.d_model', 2)
+def _get(config, key: str):
+  """The value of a dotted `key` ('model.d_model') of a ConfigDict or a dict."""
+  node = config
+  for part in key.split('.'):
+    if not hasattr(node, 'keys') or part not in node:
+      raise ConfigError(f'config.{key} is missing: add it to the config file '
+                        '(configs/default.py lists every key)', key)
+    node = node[part]
+  return node
+
+
+def integer(minimum: int):
+  """A check: an integer >= `minimum`."""
+  def check(key, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+      _fail(key, value, f'must be an integer >= {minimum}', 'N')
+  return check
+
+
+def real(low: float, high: float, high_inclusive: bool = False):
+  """A check: a number in [low, high) (or [low, high])."""
+  def check(key, value):
+    number = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if not number or not (low <= value and (value <= high if high_inclusive else value < high)):
+      _fail(key, value, f'must be a number in [{low}, {high}{"]" if high_inclusive else ")"}')
+  return check
+
+
+def one_of(*choices):
+  """A check: one of `choices`."""
+  def check(key, value):
+    if value not in choices:
+      _fail(key, value, f'must be one of {", ".join(map(repr, choices))}')
+  return check
+
+
+def text(problem: str):
+  """A check: a string; else `problem`, the line's end ('must be a path or empty')."""
+  def check(key, value):
+    if not isinstance(value, str):
+      _fail(key, value, problem)
+  return check
+
+
+def _dataset(key, value):
+  if not isinstance(value, str) or ('/' not in value and value not in LOCAL_DATASETS):
+    _fail(key, value, f'unknown dataset; use one of {", ".join(LOCAL_DATASETS)} or a TFDS '
+          "translation dataset such as 'wmt14_translate/de-en'")
+
+
+def _tags(key, value):
+  if not isinstance(value, str) or value and not all(
+      re.fullmatch(r'<[^\s<>,]+>', tag) for tag in value.split(',')):
+    _fail(key, value, "must be comma-separated tags such as '<BT>' (no spaces), or empty")
+
+
+def _splits(key, value):
+  if not isinstance(value, str) or value and not set(value.split(',')) <= {'validation', 'test'}:
+    _fail(key, value, "must be 'validation', 'test', both ('validation,test') or empty (none)")
+
+
+def _xla_flags(key, value):
+  if not isinstance(value, str) or not all(re.fullmatch(r'--xla_\w+=\S+', flag)
+                                           for flag in value.split()):
+    _fail(key, value, "must be empty or space-separated '--xla_name=value' flags")
+
+
+def _tfds_data_dir(key, value):
+  text('must be a path or empty')(key, value)
+  if '://' in value:
+    _fail(key, value, "TFDS writes and reads its array_record files with local file calls; give a "
+          "local directory, or mount the bucket (gcsfuse) and give the mount's path")
+
+
+def _files(key, value):
+  text('must be a path or empty')(key, value)
+  if value and '{lang}' not in value:
+    _fail(key, value, "must contain '{lang}', replaced by source_lang and target_lang, e.g. "
+          "'data/train.{lang}.gz'")
+
+
+MISSING = object()  # `Key.added` of a key every config.json holds
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """A config key.
+
+  Attributes:
+    check: what its value must be (`integer`, `real`, `one_of`, `text` or a function of its own,
+      called with the key and the value).
+    resume: what a resumed run may do with it: 'fixed', keep the stored value (it shapes the
+      parameters, their meaning or the vocabulary); 'order', change it, with a warning (the run
+      then sees other batches than an uninterrupted one would); 'free', change it (how the run
+      computes, logs, evaluates or saves).
+    added: the value that a config.json written before the key existed reads as, the behaviour
+      from before it; MISSING where every config.json holds the key.
+  """
+
+  check: Callable
+  resume: str = 'free'
+  added: Any = MISSING
+
+
+_BOOL, _PATH = one_of(True, False), text('must be a path or empty')
+# Every key of a config (configs/default.py says what each does). Validation, resuming and the
+# reading of a stored config.json all follow it.
+KEYS = {
+    # Data.
+    'dataset': Key(_dataset, 'fixed'),
+    'source_lang': Key(text('must be a language code'), 'fixed'),
+    'target_lang': Key(text('must be a language code'), 'fixed'),
+    'pairs': Key(text("must be comma-separated language pairs, e.g. 'en-de,en-fr', or empty"),
+                 'fixed', added=''),
+    'source_tags': Key(_tags, 'fixed', added=''),
+    'manual_dir': Key(text('must be a directory path or empty'), 'order'),
+    'vocab_size': Key(integer(1), 'fixed'),
+    'vocab_model_type': Key(one_of('bpe', 'unigram'), 'fixed'),
+    'max_length': Key(integer(1), 'order'),
+    'tokens_per_batch': Key(integer(1), 'order'),
+    'packing': Key(_BOOL, 'order'),
+    'vocab_sample_size': Key(integer(1), 'order'),
+    'tfds_data_dir': Key(_tfds_data_dir),
+    'train_files': Key(_files, 'order'),
+    'validation_files': Key(_files),
+    'test_files': Key(_files),
+    # Model: all fixed but the dtype its output projection computes in.
+    'model.d_model': Key(integer(2), 'fixed'),
+    'model.d_ff': Key(integer(1), 'fixed'),
+    'model.num_heads': Key(integer(1), 'fixed'),
+    'model.num_encoder_layers': Key(integer(1), 'fixed'),
+    'model.num_decoder_layers': Key(integer(1), 'fixed'),
+    'model.dropout_rate': Key(real(0.0, 1.0), 'fixed'),
+    'model.attention_dropout_rate': Key(real(0.0, 1.0), 'fixed'),
+    'model.relu_dropout_rate': Key(real(0.0, 1.0), 'fixed'),
+    'model.share_embeddings': Key(_BOOL, 'fixed'),
+    'model.tie_output_embedding': Key(_BOOL, 'fixed'),
+    'model.positional_encoding': Key(one_of('sinusoidal', 'learned'), 'fixed'),
+    'model.max_positions': Key(integer(1), 'fixed'),
+    'model.layer_norm': Key(one_of('post', 'pre'), 'fixed'),
+    'model.layer_norm_epsilon': Key(real(0.0, 1.0), 'fixed'),
+    'model.activation': Key(one_of('relu', 'swish', 'gelu'), 'fixed', added='relu'),
+    'model.attention_bias': Key(one_of(False, True), 'fixed', added=False),
+    'model.output_bias': Key(one_of(False, True), 'fixed', added=False),
+    'model.scale_embedding': Key(one_of(True, False), 'fixed', added=True),
+    'model.dtype': Key(one_of(*DTYPES), 'fixed'),
+    'model.param_dtype': Key(one_of(*DTYPES), 'fixed'),
+    'model.output_projection_dtype': Key(one_of('', *DTYPES), added=''),
+    # Optimisation.
+    'label_smoothing': Key(real(0.0, 1.0)),
+    'schedule': Key(one_of(*SCHEDULES)),
+    'lr_scale': Key(real(0.0, float('inf'))),
+    'peak_learning_rate': Key(real(0.0, float('inf'))),
+    'cooldown_steps': Key(integer(0), added=0),
+    'warmup_steps': Key(integer(1)),
+    'adam_b1': Key(real(0.0, 1.0)),
+    'adam_b2': Key(real(0.0, 1.0)),
+    'adam_eps': Key(real(0.0, float('inf'))),
+    'grad_clip_norm': Key(real(0.0, float('inf'))),
+    'num_train_steps': Key(integer(1)),
+    'grad_accum_steps': Key(integer(1), 'order'),
+    'seed': Key(integer(0), 'order'),
+    'init_from': Key(text('must be a Hugging Face Marian directory or empty'), added=''),
+    # Logging, evaluation and checkpoints.
+    'log_every_steps': Key(integer(0)),
+    'eval_every_steps': Key(integer(0)),
+    'bleu_every_steps': Key(integer(0)),
+    'final_bleu_splits': Key(_splits, added='validation,test'),
+    'checkpoint_every_steps': Key(integer(0)),
+    'checkpoint_every_secs': Key(integer(0)),
+    'keep_checkpoints': Key(integer(1)),
+    'average_last': Key(integer(1)),
+    'preemption_check_every_steps': Key(integer(1), added=10),
+    # Decoding.
+    'beam_size': Key(integer(1)),
+    'alpha': Key(real(0.0, float('inf'))),
+    'decode_extra_length': Key(integer(0)),
+    'compound_split_languages': Key(
+        text("must be comma-separated language codes, e.g. 'de', or empty"), added='de,en,fr'),
+    # How it computes, not what (transformer/kernels/choice.py; '' or 0: by machine).
+    'implementation.attention': Key(one_of('', 'xla', 'cudnn', 'pallas'), added=''),
+    'implementation.attention_projection': Key(one_of('', 'matrix', 'heads'), added='heads'),
+    'implementation.loss_chunk_tokens': Key(integer(0)),
+    'implementation.loss_reduction': Key(one_of('', 'separate', 'online'), added='separate'),
+    'implementation.dropout_rng': Key(one_of('hash', 'rbg', 'unsafe_rbg', 'threefry2x32')),
+    'implementation.decode_batch_tokens': Key(integer(0), added=0),
+    'compilation_cache_dir': Key(text('must be a directory or empty'), added=''),
+    'xla_flags': Key(_xla_flags, added=''),
+}
+GROUPS = ('model', 'implementation')
+# Where a key of an older config.json lives now; keys since removed (their implementations
+# computed what the default does); removed values, each read as the default that computes the same.
+MOVED_KEYS = {'model.attention_implementation': 'implementation.attention',
+              'attention_projection': 'implementation.attention_projection',
+              'loss_chunk_tokens': 'implementation.loss_chunk_tokens',
+              'loss_reduction': 'implementation.loss_reduction',
+              'dropout_rng_impl': 'implementation.dropout_rng',
+              'decode_batch_tokens': 'implementation.decode_batch_tokens'}
+REMOVED_KEYS = ('model.norm_implementation',)
+REMOVED_VALUES = {'implementation.loss_reduction': {'pallas': ''}}
+
+
+def _check_relations(config: ml_collections.ConfigDict):
+  """What the keys must be together."""
+  d_model, num_heads = config.model.d_model, config.model.num_heads
   if d_model % 2:
     _fail('model.d_model', d_model, 'must be even (sine/cosine positional encoding pairs)')
-  num_heads = _check_int(config, 'model.num_heads', 1)
   if d_model % num_heads:
     _fail('model.num_heads', num_heads,
           f'model.d_model={d_model} must be divisible by it (d_k = d_v = d_model / heads); '
           f'choose a divisor of {d_model}')
-  for key in ('model.d_ff', 'model.num_encoder_layers', 'model.num_decoder_layers',
-              'model.max_positions'):
-    _check_int(config, key, 1)
-  _check_int(config, 'loss_chunk_tokens', 0)
-  _check_choice(config, 'loss_reduction', ('', 'separate', 'online'))
-  _check_choice(config, 'attention_projection', ('', 'matrix', 'heads'))
-  if not isinstance(_get(config, 'init_from'), str):
-    _fail('init_from', config.init_from, 'must be a Hugging Face Marian directory or empty')
-  if _check_int(config, 'vocab_size', 1) <= BYTE_AND_SPECIAL_PIECES and not config.init_from:
+  if config.vocab_size <= BYTE_AND_SPECIAL_PIECES and not config.init_from:
     _fail('vocab_size', config.vocab_size, f'256 byte pieces and 3 special ids take '
           f'{BYTE_AND_SPECIAL_PIECES} of it, and the pieces learned from the text come on top; '
           'use at least a few hundred more')
-  for key in ('model.dropout_rate', 'model.attention_dropout_rate', 'model.relu_dropout_rate',
-              'label_smoothing'):
-    _check_real(config, key, 0.0, 1.0)
-  _check_real(config, 'model.layer_norm_epsilon', 0.0, 1.0)
-  _check_choice(config, 'model.positional_encoding', ('sinusoidal', 'learned'))
-  if 'attention_implementation' in config.model:
-    _check_choice(config, 'model.attention_implementation', ('', 'xla', 'cudnn', 'pallas'))
-  _check_choice(config, 'model.layer_norm', ('post', 'pre'))
-  _check_choice(config, 'model.dtype', tuple(DTYPES))
-  _check_choice(config, 'model.param_dtype', tuple(DTYPES))
-  if 'output_projection_dtype' in config.model:  # not in a config.json from before it
-    _check_choice(config, 'model.output_projection_dtype', ('', *DTYPES))
-  _check_choice(config, 'model.share_embeddings', (True, False))
-  _check_choice(config, 'model.tie_output_embedding', (True, False))
-  for key, choices in ADDED_MODEL_KEY_CHOICES.items():
-    if key in config.model:  # not in a config.json from before it
-      _check_choice(config, f'model.{key}', choices)
-
-  # Data.
-  dataset = _get(config, 'dataset')
-  if not isinstance(dataset, str) or ('/' not in dataset and dataset not in LOCAL_DATASETS):
-    _fail('dataset', dataset, f'unknown dataset; use one of {", ".join(LOCAL_DATASETS)} or a '
-          "TFDS translation dataset such as 'wmt14_translate/de-en'")
-  source, target = _get(config, 'source_lang'), _get(config, 'target_lang')
-  if source == target:
-    _fail('target_lang', target, 'must differ from config.source_lang')
-  if dataset == 'multi30k':
-    _check_choice(config, 'source_lang', MULTI30K_LANGUAGES)
-    _check_choice(config, 'target_lang', MULTI30K_LANGUAGES)
+  if config.source_lang == config.target_lang:
+    _fail('target_lang', config.target_lang, 'must differ from config.source_lang')
+  if config.dataset == 'multi30k':
+    for key in ('source_lang', 'target_lang'):
+      one_of(*MULTI30K_LANGUAGES)(key, config[key])
   _check_pairs(config)
-  if not isinstance(_get(config, 'manual_dir'), str):
-    _fail('manual_dir', config.manual_dir, 'must be a directory path or empty')
-  _check_choice(config, 'vocab_model_type', ('bpe', 'unigram'))
-  if not isinstance(_get(config, 'compound_split_languages'), str):
-    _fail('compound_split_languages', config.compound_split_languages,
-          "must be comma-separated language codes, e.g. 'de', or empty")
-  max_length = _check_int(config, 'max_length', 1)
-  _check_int(config, 'tokens_per_batch', max_length)
-  _check_choice(config, 'packing', (True, False))
-  _check_int(config, 'vocab_sample_size', 1)
-  for key in ('tfds_data_dir', 'train_files', 'validation_files', 'test_files'):
-    value = _get(config, key)
-    if not isinstance(value, str):
-      _fail(key, value, 'must be a path or empty')
-    if key == 'tfds_data_dir' and '://' in value:
-      _fail(key, value, 'TFDS writes and reads its array_record files with local file calls; '
-            'give a local directory, or mount the bucket (gcsfuse) and give the mount\'s path')
-    if key.endswith('_files') and value and '{lang}' not in value:
-      _fail(key, value, "must contain '{lang}', replaced by source_lang and target_lang, e.g. "
-            "'data/train.{lang}.gz'")
-  if dataset == 'text' and not config.train_files:
+  if config.dataset == 'text' and not config.train_files:
     _fail('train_files', '', "dataset='text' reads its training pairs from these files",
           "'data/train.{lang}.gz'", example=True)
-
-  # Optimisation.
-  _check_choice(config, 'schedule', SCHEDULES)
-  _check_real(config, 'lr_scale', 0.0, float('inf'))
-  _check_real(config, 'peak_learning_rate', 0.0, float('inf'))
-  _check_int(config, 'warmup_steps', 1)
-  _check_real(config, 'adam_b1', 0.0, 1.0)
-  _check_real(config, 'adam_b2', 0.0, 1.0)
-  _check_real(config, 'adam_eps', 0.0, float('inf'))
-  _check_real(config, 'grad_clip_norm', 0.0, float('inf'))
-  steps = _check_int(config, 'num_train_steps', 1)
-  if _check_int(config, 'cooldown_steps', 0) > steps:
-    _fail('cooldown_steps', config.cooldown_steps,
-          f'the cooldown is part of config.num_train_steps={steps}: lower it or raise that')
-  _check_int(config, 'grad_accum_steps', 1)
-  _check_int(config, 'seed', 0)
-  _check_choice(config, 'dropout_rng_impl', ('hash', 'rbg', 'unsafe_rbg', 'threefry2x32'))
-  if not isinstance(_get(config, 'compilation_cache_dir'), str):
-    _fail('compilation_cache_dir', config.compilation_cache_dir, 'must be a directory or empty')
-  xla_flags = _get(config, 'xla_flags')
-  if not isinstance(xla_flags, str) or not all(
-      re.fullmatch(r'--xla_\w+=\S+', flag) for flag in xla_flags.split()):
-    _fail('xla_flags', xla_flags, "must be empty or space-separated '--xla_name=value' flags")
-
-  # Logging and checkpoints (0 = never).
-  for key in ('log_every_steps', 'eval_every_steps', 'bleu_every_steps',
-              'checkpoint_every_steps', 'checkpoint_every_secs'):
-    _check_int(config, key, 0)
-  _check_int(config, 'preemption_check_every_steps', 1)
-  final_splits = _get(config, 'final_bleu_splits')
-  if not isinstance(final_splits, str) or final_splits and not set(
-      final_splits.split(',')) <= {'validation', 'test'}:
-    _fail('final_bleu_splits', final_splits, "must be 'validation', 'test', both "
-          "('validation,test') or empty (none)")
-  keep = _check_int(config, 'keep_checkpoints', 1)
-  average_last = _check_int(config, 'average_last', 1)
-  if average_last > keep:
-    _fail('average_last', average_last,
-          f'averaging needs that many checkpoints kept; raise config.keep_checkpoints ({keep})')
-
-  # Decoding.
-  _check_int(config, 'beam_size', 1)
-  _check_int(config, 'decode_batch_tokens', 0)
-  _check_real(config, 'alpha', 0.0, float('inf'))
-  extra = _check_int(config, 'decode_extra_length', 0)
-  if config.model.positional_encoding == 'learned' and (config.model.max_positions <
-                                                        max_length + extra):
+  integer(config.max_length)('tokens_per_batch', config.tokens_per_batch)
+  if config.cooldown_steps > config.num_train_steps:
+    _fail('cooldown_steps', config.cooldown_steps, 'the cooldown is part of '
+          f'config.num_train_steps={config.num_train_steps}: lower it or raise that')
+  if config.average_last > config.keep_checkpoints:
+    _fail('average_last', config.average_last, 'averaging needs that many checkpoints kept; '
+          f'raise config.keep_checkpoints ({config.keep_checkpoints})')
+  length = config.max_length + config.decode_extra_length
+  if config.model.positional_encoding == 'learned' and config.model.max_positions < length:
     _fail('model.max_positions', config.model.max_positions,
-          f'learned positions must cover max_length + decode_extra_length = {max_length + extra}')
+          f'learned positions must cover max_length + decode_extra_length = {length}')
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Returns `config` unchanged if every key is usable (`KEYS`, then how they go together), else
+  raises ConfigError naming the first that is not."""
+  for group in GROUPS:
+    known = sorted(key.split('.')[1] for key in KEYS if key.startswith(f'{group}.'))
+    for key in _get(config, group):
+      if key not in known:
+        _fail(f'{group}.{key}', config[group][key],
+              f'unknown {group} key; known: {", ".join(known)}')
+  for key in config:
+    if key not in KEYS and key not in GROUPS:
+      _fail(key, config[key], 'unknown key; configs/default.py lists every key')
+  for key, spec in KEYS.items():
+    spec.check(key, _get(config, key))
+  _check_relations(config)
   return config
+
+
+def check_resume(stored: dict, config: ml_collections.ConfigDict, path) -> list[str]:
+  """Raises ConfigError where `config` changes a 'fixed' key (`Key.resume`) of the run's stored
+  config (at `path`, read by `read_stored`); returns a warning for each 'order' key it changes."""
+  current = json.loads(config.to_json())
+  warnings = []
+  for key, spec in KEYS.items():
+    old, new = _lookup(stored, key), _lookup(current, key)
+    if spec.resume == 'fixed' and old != new:
+      raise ConfigError(f'config.{key}={new!r} conflicts with {old!r} in {path}; resume with the '
+                        'stored value or start a new --workdir')
+    if spec.resume == 'order' and old != new:
+      warnings.append(f'config.{key}={new!r} differs from {old!r} in {path}: the resumed run '
+                      'sees other batches than an uninterrupted one would')
+  return warnings
+
+
+def _lookup(tree: dict, key: str):
+  """`tree`'s value at a dotted key, or None."""
+  for part in key.split('.'):
+    tree = tree.get(part) if isinstance(tree, dict) else None
+  return tree
 
 
 def model_config(config: ml_collections.ConfigDict, implementations=None) -> TransformerConfig:
@@ -297,7 +405,6 @@ def model_config(config: ml_collections.ConfigDict, implementations=None) -> Tra
       forms, XLA's attention and DenseGeneral's products, which compute the same.
   """
   model = dict(config.model)
-  model.pop('attention_implementation', None)
   model['dtype'] = DTYPES[model['dtype']]
   model['param_dtype'] = DTYPES[model['param_dtype']]
   model['output_projection_dtype'] = DTYPES.get(model.get('output_projection_dtype', ''))
@@ -333,35 +440,42 @@ def compound_split(config: ml_collections.ConfigDict, target_lang: str) -> bool:
   return target_lang in config.compound_split_languages.split(',')
 
 
-# Keys added after the first runs, each with the value that keeps the behaviour from before it: a
-# config.json written before them reads as if it held these.
-ADDED_KEYS = {'decode_batch_tokens': 0, 'compilation_cache_dir': '',
-              'preemption_check_every_steps': 10, 'compound_split_languages': 'de,en,fr',
-              'loss_reduction': 'separate', 'xla_flags': '', 'attention_projection': 'heads',
-              'cooldown_steps': 0, 'init_from': '', 'final_bleu_splits': 'validation,test',
-              'pairs': '', 'source_tags': ''}
-# Model keys added after the first runs (Marian's variants, transformer/marian.py), each with its
-# choices; the first is the value that keeps the behaviour from before it.
-ADDED_MODEL_KEY_CHOICES = {'activation': ('relu', 'swish', 'gelu'),
-                           'attention_bias': (False, True), 'output_bias': (False, True),
-                           'scale_embedding': (True, False)}
-# Implementations since removed, each read as the default that computes the same.
-REMOVED_MODEL_KEYS = ('norm_implementation',)
-REMOVED_VALUES = {'loss_reduction': {'pallas': ''}}
+def _parent(tree: dict, key: str, make: bool = False) -> tuple[dict | None, str]:
+  """The dict holding a dotted `key` in `tree` (its groups made where `make`), and its last part;
+  None where a group is not a dict."""
+  *groups, leaf = key.split('.')
+  for group in groups:
+    if make and group not in tree:
+      tree[group] = {}
+    tree = tree.get(group)
+    if not isinstance(tree, dict):
+      return None, leaf
+  return tree, leaf
 
 
 def with_added_keys(stored: dict) -> dict:
-  """A stored config.json's dict as this version reads it: the ADDED_KEYS and model keys
-  (ADDED_MODEL_KEY_CHOICES) it lacks added, and what names a removed implementation replaced by
-  the default."""
-  config = {**ADDED_KEYS, **stored}
-  if isinstance(config.get('model'), dict):
-    added = {key: choices[0] for key, choices in ADDED_MODEL_KEY_CHOICES.items()}
-    config['model'] = {key: value for key, value in {**added, **config['model']}.items()
-                       if key not in REMOVED_MODEL_KEYS}
+  """A stored config.json's dict as this version reads it: the keys an older version kept
+  elsewhere moved (MOVED_KEYS), removed ones dropped, removed values replaced by the default, and
+  each key it lacks that has an `added` value (`KEYS`) set to that."""
+  config = json.loads(json.dumps(stored))  # a copy
+  for old, new in MOVED_KEYS.items():
+    parent, leaf = _parent(config, old)
+    if parent is not None and leaf in parent:
+      target, new_leaf = _parent(config, new, make=True)
+      if target is not None:
+        target.setdefault(new_leaf, parent.pop(leaf))
+  for key in REMOVED_KEYS:
+    parent, leaf = _parent(config, key)
+    if parent is not None:
+      parent.pop(leaf, None)
+  for key, spec in KEYS.items():
+    parent, leaf = _parent(config, key, make=spec.added is not MISSING)
+    if parent is not None and spec.added is not MISSING:
+      parent.setdefault(leaf, spec.added)
   for key, replaced in REMOVED_VALUES.items():
-    if isinstance(config.get(key), str):
-      config[key] = replaced.get(config[key], config[key])
+    parent, leaf = _parent(config, key)
+    if parent is not None and isinstance(parent.get(leaf), str):
+      parent[leaf] = replaced.get(parent[leaf], parent[leaf])
   return config
 
 

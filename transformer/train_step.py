@@ -87,7 +87,8 @@ class StepFunctions:
     self.implementations = implementations
     self.schedule = optim.learning_rate(config)
     self.seed = config.seed
-    self.rng_impl = hash_rng.IMPL if config.dropout_rng_impl == 'hash' else config.dropout_rng_impl
+    rng = config.implementation.dropout_rng
+    self.rng_impl = hash_rng.IMPL if rng == 'hash' else rng
     self.param_shapes = jax.eval_shape(functools.partial(_initial_params, config))
 
   def params_tree(self, packed_params) -> dict:

@@ -17,15 +17,16 @@ CPU, TPU = Machine('cpu', 'cpu', '', 4), Machine('tpu', 'TPU v5 lite', '', 4)
 @pytest.mark.parametrize('machine', [CPU, H100, TPU], ids=str)
 def test_loss_projection_and_decode_batch_default_by_machine(machine):
   config = multi30k.get_config()
-  assert (config.loss_chunk_tokens, config.decode_batch_tokens) == (0, 0)
+  assert (config.implementation.loss_chunk_tokens, config.implementation.decode_batch_tokens) == (
+      0, 0)
   chosen = choice.choose(config, machine)
   on_cpu = machine.backend == 'cpu'
   assert chosen.loss_chunk == (256 if on_cpu else None)
   assert chosen.decode_batch_tokens == (1950 // 4 if on_cpu else 2**17)
   assert chosen.loss_reduction == ('online' if machine.backend == 'gpu' else 'separate')
   assert chosen.attention_projection == ('heads' if on_cpu else 'matrix')
-  config.update(loss_chunk_tokens=512, decode_batch_tokens=4096, loss_reduction='online',
-                attention_projection='matrix')
+  config.implementation.update(loss_chunk_tokens=512, decode_batch_tokens=4096,
+                               loss_reduction='online', attention_projection='matrix')
   chosen = choice.choose(config, machine)
   assert (chosen.loss_chunk, chosen.decode_batch_tokens, chosen.loss_reduction,
           chosen.attention_projection) == (512, 4096, 'online', 'matrix')
@@ -53,8 +54,8 @@ def test_the_fused_kernels_are_chosen_on_nvidia_gpus_from_ampere(machine, runs):
   assert choice.choose(config, machine).attention == ('cudnn' if runs else 'xla')
   if runs:
     return
-  config.model.attention_implementation = 'cudnn'
-  needs = (r"config.model.attention_implementation='cudnn': .*an NVIDIA GPU of compute capability "
+  config.implementation.attention = 'cudnn'
+  needs = (r"config.implementation.attention='cudnn': .*an NVIDIA GPU of compute capability "
            rf'8.0 or later \(here: {re.escape(str(machine))}\)')
   with pytest.raises(config_lib.ConfigError, match=needs):
     choice.choose(config, machine)
@@ -73,16 +74,15 @@ def test_attention_implementation_by_machine(machine):
   base.model.d_model = 768  # heads of 96: cuDNN's, not a power of 2
   assert attention(base) == ('cudnn' if on_gpu else 'xla')
   base.model.d_model = 512
-  base.model.attention_implementation = 'xla'
+  base.implementation.attention = 'xla'
   assert attention(base) == 'xla'
-  base.model.update(attention_implementation='', attention_dropout_rate=0.1)
+  base.implementation.attention = ''
+  base.model.attention_dropout_rate = 0.1
   assert attention(base) == 'xla'
-  small.model.attention_implementation = 'cudnn'
-  with pytest.raises(config_lib.ConfigError, match=r"model.attention_implementation='cudnn'.*"
+  small.implementation.attention = 'cudnn'
+  with pytest.raises(config_lib.ConfigError, match=r"implementation.attention='cudnn'.*"
                      r"float32.*use 'xla'"):
     attention(small)
-  del small.model.attention_implementation  # a config.json from before the key: by machine
-  assert attention(small) == 'xla'
 
 
 @pytest.mark.parametrize('change,wrong', [
@@ -92,7 +92,7 @@ def test_attention_implementation_by_machine(machine):
 def test_the_fused_attention_is_chosen_only_where_its_kernels_run(change, wrong):
   config = default.get_config()
   config.update(max_length=128)  # the default's 256 is longer than the kernels' rows
-  config.model.attention_implementation = 'pallas'
+  config.implementation.attention = 'pallas'
   for key, value in change.items():
     node, leaf = (config.model, key[6:]) if key.startswith('model.') else (config, key)
     node[leaf] = value
@@ -100,7 +100,7 @@ def test_the_fused_attention_is_chosen_only_where_its_kernels_run(change, wrong)
     assert choice.choose(config, H100).attention == 'pallas'
   else:
     with pytest.raises(config_lib.ConfigError,
-                       match=rf"model.attention_implementation='pallas'.*{wrong}.*use 'xla'"):
+                       match=rf"implementation.attention='pallas'.*{wrong}.*use 'xla'"):
       choice.choose(config, H100)
   with pytest.raises(config_lib.ConfigError, match=r'\(here: cpu\)'):
     choice.choose(config, CPU)
@@ -111,13 +111,14 @@ def test_a_stored_run_keeps_only_the_implementations_this_machine_runs(monkeypat
   monkeypatch.setattr(Machine, 'here', classmethod(lambda cls: machine))
   stored = default.get_config()
   stored.update(max_length=128)
-  stored.model.attention_implementation = 'pallas'
+  stored.implementation.attention = 'pallas'
   here = choice.runnable_here(stored)
   kept = machine.backend == 'gpu'
-  assert here.model.attention_implementation == ('pallas' if kept else '')
+  assert here.implementation.attention == ('pallas' if kept else '')
   assert choice.for_this_machine(here).attention == ('pallas' if kept else 'xla')
-  assert stored.model.attention_implementation == 'pallas'  # the stored config is unchanged
-  assert here.to_dict() | {'model': None} == stored.to_dict() | {'model': None}
+  assert stored.implementation.attention == 'pallas'  # the stored config is unchanged
+  unchanged = {'implementation': None}
+  assert here.to_dict() | unchanged == stored.to_dict() | unchanged
 
 
 def test_this_machines_choice_is_logged_once(monkeypatch):

@@ -49,8 +49,8 @@ class Implementations:
   """How a run computes; every field gives the same results, at another speed.
 
   Attributes:
-    attention: 'xla', 'cudnn' or 'pallas' (`kernels.attention`).
-    attention_projection: 'heads' (DenseGeneral's product) or 'matrix' (`kernels.matrix_product`).
+    attention: 'xla' (`model.dot_product_attention`), 'cudnn' or 'pallas' (kernels/attention.py).
+    attention_projection: 'heads' (DenseGeneral's product) or 'matrix' (`attention.matrix_product`).
     loss_chunk: target positions per chunk of the loss's output projection; None: all at once.
     loss_reduction: 'separate' or 'online' (kernels/loss.py).
     decode_batch_tokens: source tokens times beam_size per beam-search call and device.
@@ -64,12 +64,11 @@ class Implementations:
 
 
 def _attention(config: ml_collections.ConfigDict, machine: Machine) -> str:
-  """config.model.attention_implementation, or by machine where it is '' (a config.json from
-  before the key reads as ''): the Pallas kernels where heads have a depth that is a power of 2
-  from 16 and max_length is up to their rows, else cuDNN's where the depth is a multiple of 8 up
+  """config.implementation.attention, or by machine where it is '': the Pallas kernels where
+  heads have a depth that is a power of 2 from 16 and max_length is up to their rows, else cuDNN's where the depth is a multiple of 8 up
   to 128, on a machine that runs them, in bfloat16 or float16 without attention dropout; else
   XLA's."""
-  chosen = config.model.get('attention_implementation', '')
+  chosen = config.implementation.attention
   depth = config.model.d_model // config.model.num_heads
   # The fused kernels project without biases (an imported Marian's attention has them).
   fused = (machine.runs_fused_kernels and config.model.dtype in ('bfloat16', 'float16') and
@@ -84,12 +83,12 @@ def _attention(config: ml_collections.ConfigDict, machine: Machine) -> str:
            f'{config.model.get("attention_bias", False)}) and ')
   if chosen == 'cudnn' and not cudnn_runs:
     raise ConfigError(
-        f"config.model.attention_implementation='cudnn': cuDNN attention needs {needs}"
+        f"config.implementation.attention='cudnn': cuDNN attention needs {needs}"
         f"d_model / num_heads a multiple of 8 up to 128 (now {depth}); use 'xla' or '' (by "
         'machine)')
   if chosen == 'pallas' and not pallas_runs:
     raise ConfigError(
-        f"config.model.attention_implementation='pallas': the fused attention kernels need "
+        f"config.implementation.attention='pallas': the fused attention kernels need "
         f'{needs}d_model / num_heads a power of 2 from 16 (now {depth}) and max_length up to '
         f"{pallas_attention.MAX_LENGTH} (now {config.max_length}); use 'xla' or '' (by machine)")
   return chosen or ('pallas' if pallas_runs else 'cudnn' if cudnn_runs else 'xla')
@@ -108,14 +107,14 @@ def choose(config: ml_collections.ConfigDict, machine: Machine) -> Implementatio
   Raises:
     ConfigError: the config names a fused kernel this machine or config cannot run.
   """
-  on_cpu = machine.backend == 'cpu'
+  on_cpu, chosen = machine.backend == 'cpu', config.implementation
   return Implementations(
       attention=_attention(config, machine),
-      attention_projection=config.attention_projection or ('heads' if on_cpu else 'matrix'),
-      loss_chunk=config.loss_chunk_tokens or (256 if on_cpu else None),
-      loss_reduction=config.loss_reduction or ('online' if machine.backend == 'gpu' else
+      attention_projection=chosen.attention_projection or ('heads' if on_cpu else 'matrix'),
+      loss_chunk=chosen.loss_chunk_tokens or (256 if on_cpu else None),
+      loss_reduction=chosen.loss_reduction or ('online' if machine.backend == 'gpu' else
                                                'separate'),
-      decode_batch_tokens=config.decode_batch_tokens or (
+      decode_batch_tokens=chosen.decode_batch_tokens or (
           config.tokens_per_batch // (config.grad_accum_steps * machine.local_devices)
           if on_cpu else 2**17))
 
@@ -134,14 +133,14 @@ def for_this_machine(config: ml_collections.ConfigDict) -> Implementations:
 
 
 def runnable_here(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A stored run's config whose attention_implementation, if this machine cannot run it, is ''
+  """A stored run's config whose implementation.attention, if this machine cannot run it, is ''
   (by machine), with a warning: it chooses how the model computes, not what, so a run trained
   with a GPU's kernels translates anywhere."""
   config = ml_collections.ConfigDict(config.to_dict())
   try:
     _attention(config, Machine.here())
   except ConfigError:
-    logging.warning("config.model.attention_implementation=%r: not on this machine (%s); '' "
-                    'instead', config.model.attention_implementation, Machine.here())
-    config.model.attention_implementation = ''
+    logging.warning("config.implementation.attention=%r: not on this machine (%s); '' instead",
+                    config.implementation.attention, Machine.here())
+    config.implementation.attention = ''
   return config
