@@ -23,6 +23,7 @@ from etils import epath
 
 from transformer import checkpoints, commands, data, files
 from transformer import config as config_lib
+from transformer import stored_config
 from transformer.data import vocabulary
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to average.')
@@ -41,7 +42,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   output_dir = _OUTPUT_DIR.value
   try:
-    config = config_lib.load_workdir_config(_WORKDIR.value)
+    config = stored_config.load_workdir_config(_WORKDIR.value)
     commands.start_backend()
     vocab = data.load_vocabulary(config, _WORKDIR.value)
     last = config.average_last if _AVERAGE_LAST.value is None else _AVERAGE_LAST.value

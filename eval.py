@@ -34,6 +34,7 @@ from absl import app, flags, logging
 from configs import default
 from transformer import bleu, checkpoints, commands, data, files, marian, translate
 from transformer import config as config_lib
+from transformer import stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training directory (config.json, checkpoints/), '
                                'or a Hugging Face Marian directory.')
@@ -69,7 +70,7 @@ def evaluation_texts(config, pair) -> tuple[list[str], list[str], str]:
     if len(into) > 1:
       raise EvalError(f'--target_lang={pair[1]}: the run translates {" and ".join(into)}, and a '
                       'split holds each: give its --source_file and --reference_file instead')
-    with config_lib.fixes_in_run_config(_WORKDIR.value):
+    with stored_config.fixes_in_run_config(_WORKDIR.value):
       sources, references = data.split_texts(config, _SPLIT.value, pair)
     return sources, references, f'{config.dataset} {_SPLIT.value}' + (
         f' {"-".join(pair)}' if pair else '')
@@ -122,14 +123,14 @@ def main(argv):
   outputs = [os.path.join(_OUTPUT_DIR.value, name) for name in ('hypotheses.txt', 'scores.json')]
   try:
     # The texts and the outputs first: bad ones fail before the model is loaded.
-    stored_config = config_lib.load_workdir_config(_WORKDIR.value, default.get_config)
-    commands.set_up_jax(stored_config, _WORKDIR.value)
-    pair = _DECODING.pair(stored_config)
-    sources, references, name = evaluation_texts(stored_config, pair)
+    run_config = stored_config.load_workdir_config(_WORKDIR.value, default.get_config)
+    commands.set_up_jax(run_config, _WORKDIR.value)
+    pair = _DECODING.pair(run_config)
+    sources, references, name = evaluation_texts(run_config, pair)
     with files.made_for_the_block(_OUTPUT_DIR.value, '--output_dir'):
       for path in outputs:
         files.check_writable(path, '--output_dir')
-      hypotheses, scores = evaluate(stored_config, sources, references, name,
+      hypotheses, scores = evaluate(run_config, sources, references, name,
                                     pair and pair[1])
       files.write_atomically(outputs[0], ''.join(h + '\n' for h in hypotheses))
       files.write_atomically(outputs[1], json.dumps(scores, indent=2) + '\n')

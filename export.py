@@ -29,6 +29,7 @@ from etils import epath
 
 from transformer import checkpoints, commands, data, export, files, marian
 from transformer import config as config_lib
+from transformer import stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The train.py workdir to export.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the exported model goes: a new or '
@@ -152,7 +153,7 @@ def main(argv):
   if _QUANTIZATION.value != 'float32' and _FORMAT.value != 'ctranslate2':
     sys.exit('export.py: --quantization is for --format=ctranslate2; transformers gets float32')
   try:
-    config = config_lib.load_workdir_config(_WORKDIR.value)
+    config = stored_config.load_workdir_config(_WORKDIR.value)
     if config.pairs:
       # MarianTokenizer spells a tag after a lone word-start piece, which the run never read.
       raise ExportError(f'{_WORKDIR.value} translates several pairs (config.pairs='

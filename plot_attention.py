@@ -18,6 +18,7 @@ from absl import app, flags
 
 from transformer import checkpoints, commands, data, files, plots, translate
 from transformer import config as config_lib
+from transformer import stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A train.py workdir (config.json, vocab/, '
                                'checkpoints/).')
@@ -37,7 +38,7 @@ def main(argv):
   output_dir = _OUTPUT_DIR.value or os.path.join(_WORKDIR.value, 'attention')
   try:
     # A wrong --workdir fails before output_dir.
-    commands.set_up_jax(config_lib.load_workdir_config(_WORKDIR.value), _WORKDIR.value)
+    commands.set_up_jax(stored_config.load_workdir_config(_WORKDIR.value), _WORKDIR.value)
     with files.made_for_the_block(output_dir, '--output_dir'):
       paths = [os.path.join(output_dir, f'{name}.png') for name in plots.KINDS]
       for path in paths:

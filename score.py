@@ -23,6 +23,7 @@ from absl import app, flags, logging
 from configs import default
 from transformer import checkpoints, commands, data, files, marian, translate
 from transformer import config as config_lib
+from transformer import stored_config
 
 _WORKDIR = flags.DEFINE_multi_string(
     'workdir', None, 'A train.py workdir, or a Hugging Face Marian directory; several: their '
@@ -42,7 +43,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     workdirs = _WORKDIR.value
-    config = config_lib.load_workdir_config(workdirs[0], default.get_config)
+    config = stored_config.load_workdir_config(workdirs[0], default.get_config)
     commands.set_up_jax(config, workdirs[0])
     pair = _CHECKPOINTS.pair(config)
     if _OUTPUT.value:

@@ -42,6 +42,7 @@ from absl import app, flags, logging
 from configs import default
 from transformer import checkpoints, commands, data, files, marian, translate
 from transformer import config as config_lib
+from transformer import stored_config
 
 _WORKDIR = flags.DEFINE_multi_string(
     'workdir', None, 'A train.py workdir (config.json, vocab/, checkpoints/), or a Hugging Face '
@@ -108,7 +109,7 @@ def main(argv):
   try:
     # A wrong --workdir, --output or flag fails before stdin is read.
     workdirs = _WORKDIR.value
-    config = config_lib.load_workdir_config(workdirs[0], default.get_config)
+    config = stored_config.load_workdir_config(workdirs[0], default.get_config)
     commands.set_up_jax(config, workdirs[0])
     drawing = sampling()
     pair = _DECODING.pair(config)

@@ -20,7 +20,7 @@ from absl import app, flags
 
 from benchmarks import measure
 from transformer import commands, data, translate
-from transformer import config as config_lib
+from transformer import stored_config
 
 # What `decoding_speed` promises each way, as the share of beam search's sentences per second
 # (the ensemble: at most ~2.2x its time).
@@ -70,7 +70,7 @@ def markdown(rows: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  config = config_lib.load_workdir_config(FLAGS.workdir)
+  config = stored_config.load_workdir_config(FLAGS.workdir)
   commands.set_up_jax(config, FLAGS.workdir)
   sentences = data.split_texts(config, FLAGS.split)[0][:FLAGS.sentences]
   seconds = measure_ways(FLAGS.workdir, sentences, FLAGS.beam_size, FLAGS.repeats)

@@ -44,10 +44,9 @@ def engines(workdir: str, directory: str, beam_size: int, threads: int, batch_si
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
 
-  from transformer import config as config_lib  # pylint: disable=import-outside-toplevel
-  from transformer import checkpoints, data, export, translate  # pylint: disable=import-outside-toplevel
+  from transformer import checkpoints, data, export, stored_config, translate  # pylint: disable=import-outside-toplevel
 
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   vocab = data.load_vocabulary(config, workdir)
   params, _ = checkpoints.load_params(workdir, config)
   for name, format_name in (('transformers', 'transformers'), ('float32', 'ctranslate2'),

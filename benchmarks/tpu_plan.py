@@ -47,7 +47,7 @@ from jax.experimental import topologies  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from benchmarks.measure import add_row  # noqa: E402
-from transformer import commands, model, train_step  # noqa: E402
+from transformer import commands, metrics, train_step  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
 from transformer.data import batching, token_store  # noqa: E402
 from transformer.kernels import choice, packing  # noqa: E402
@@ -223,7 +223,7 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
   state = jax.eval_shape(lambda: packing.pack_state(train_step.initial_state(config), jnp))
   state_bytes = {part: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
                  for part, tree in (('params', state.params), ('opt_state', state.opt_state))}
-  encoder, decoder = model.parameters_per_token(steps.param_shapes)
+  encoder, decoder = metrics.parameters_per_token(steps.param_shapes)
   shapes = batch_shapes(config, count, stand_in_lengths() if lengths is None else lengths)
   states = replicated(state, count)
 

@@ -27,7 +27,7 @@ from flax import jax_utils
 from ml_collections import config_flags
 
 from configs import multi30k
-from transformer import commands, decode, model, train_step
+from transformer import commands, decode, metrics, model, train_step
 from transformer import config as config_lib
 from transformer.data import batching
 from transformer.kernels import choice, packing
@@ -144,7 +144,7 @@ class Ours:
     self.model_config = config_lib.model_config(self.config, implementations)
     self.steps = train_step.StepFunctions(self.config, implementations)
     state = train_step.initial_state(self.config)
-    self.parameters = model.parameters_per_token(state.params)
+    self.parameters = metrics.parameters_per_token(state.params)
     self.state = train_step.replicate(packing.pack_state(state))
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
     self.compiler_options = compiler_options(self.config)

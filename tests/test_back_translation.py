@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from conftest import ROOT, run_script
-from transformer import config as config_lib
+from transformer import stored_config
 from transformer import data
 
 RECIPE = os.path.join(ROOT, 'docs', 'back_translation.md')
@@ -81,7 +81,7 @@ def test_the_back_translation_recipe_runs_as_written(tmp_path):
   assert again.stdout.splitlines() == synthetic_english
   tags = {}
   for run in ('en-de_back_translated', 'en-de_parallel'):
-    config = config_lib.load_workdir_config(str(out / run))
+    config = stored_config.load_workdir_config(str(out / run))
     tags[run] = data.load_vocabulary(config, str(out / run)).tags
     scores = json.loads((out / f'eval_{run}' / 'scores.json').read_text())
     # The test split, by the average of the run's last two checkpoints (configs/tiny.py's).

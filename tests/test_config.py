@@ -10,7 +10,7 @@ import pytest
 from benchmarks import reproduce_multi30k
 from configs import default, multi30k, tiny, wmt14
 from transformer import config as config_lib
-from transformer import trainer
+from transformer import stored_config
 from transformer.model import TransformerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,7 +167,7 @@ def _as_written_before(config, drop_added: bool) -> dict:
   """`config` as a config.json of the first version: the keys since moved (config.MOVED_KEYS)
   where they were, and (where `drop_added`) none of the keys added since."""
   stored = json.loads(config.to_json())
-  moved_from = {new: old for old, new in config_lib.MOVED_KEYS.items()}
+  moved_from = {new: old for old, new in stored_config.MOVED_KEYS.items()}
   for key, spec in config_lib.KEYS.items():
     group, _, leaf = key.rpartition('.')
     value = (stored[group] if group else stored).pop(leaf)
@@ -187,7 +187,7 @@ def test_a_workdir_config_from_before_moved_and_added_keys_reads_as_this_version
   # A run's: its vocabulary beside it binds the workdir to the config.
   (tmp_path / 'vocab').mkdir()
   (tmp_path / 'vocab' / 'sentencepiece.model').write_bytes(b'')
-  config = config_lib.load_workdir_config(str(tmp_path))
+  config = stored_config.load_workdir_config(str(tmp_path))
   if not drop_added:
     assert config == tiny.get_config()
   added = {key: spec.added for key, spec in config_lib.KEYS.items()
@@ -199,15 +199,15 @@ def test_a_workdir_config_from_before_moved_and_added_keys_reads_as_this_version
         'hash', 0)  # moved, never added: every config.json holds them
   assert config_lib.model_config(config).attention_implementation == 'xla'
   tiny_config = tiny.get_config()
-  trainer.check_and_write_config(tiny_config, str(tmp_path))  # resumes: no conflicting key
-  assert config_lib.load_workdir_config(str(tmp_path)) == tiny_config
+  stored_config.check_and_write(tiny_config, str(tmp_path))  # resumes: no conflicting key
+  assert stored_config.load_workdir_config(str(tmp_path)) == tiny_config
   # How the model computes may change on resuming; what it computes may not.
   tiny_config.implementation.attention = 'xla'
   tiny_config.model.output_projection_dtype = 'bfloat16'
-  trainer.check_and_write_config(tiny_config, str(tmp_path))
+  stored_config.check_and_write(tiny_config, str(tmp_path))
   tiny_config.model.d_ff *= 2
   with pytest.raises(config_lib.ConfigError, match='config.model.d_ff=.* conflicts'):
-    trainer.check_and_write_config(tiny_config, str(tmp_path))
+    stored_config.check_and_write(tiny_config, str(tmp_path))
 
 
 def test_a_workdir_config_naming_a_removed_implementation_reads_as_the_default(tmp_path):
@@ -217,7 +217,7 @@ def test_a_workdir_config_naming_a_removed_implementation_reads_as_the_default(t
   stored['model']['norm_implementation'] = 'pallas'
   stored['implementation']['loss_reduction'] = 'pallas'
   (tmp_path / 'config.json').write_text(json.dumps(stored))
-  config = config_lib.load_workdir_config(str(tmp_path))
+  config = stored_config.load_workdir_config(str(tmp_path))
   assert 'norm_implementation' not in config.model and config.implementation.loss_reduction == ''
   assert config == tiny.get_config()
   fresh = tiny.get_config()
@@ -275,6 +275,6 @@ def test_a_malformed_config_json_gets_one_line_with_the_fix(tmp_path, content, w
     path.write_bytes({'list': b'[1, 2]', 'latin-1': '{"dataset": "m\xfcll"}'.encode('latin-1'),
                       'truncated': b'{"dataset": '}[content])
   with pytest.raises(config_lib.ConfigError) as raised:
-    config_lib.load_workdir_config(str(tmp_path))
+    stored_config.load_workdir_config(str(tmp_path))
   assert str(raised.value).startswith(f'{path} {why}')
   assert str(raised.value).endswith('restore it from the config file the run was started with')

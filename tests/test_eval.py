@@ -19,7 +19,7 @@ import sacrebleu
 
 from conftest import error_line, popen_as_from_a_terminal, run_script
 from transformer import bleu, checkpoints, data, translate
-from transformer import config as config_lib
+from transformer import stored_config
 
 
 def orbax_info_lines(log: str) -> list[str]:
@@ -58,7 +58,7 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
     scores = json.load(f)
   with open(tmp_path / 'hypotheses.txt', encoding='utf-8') as f:
     hypotheses = f.read().splitlines()
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   sources, references = data.split_texts(config, 'test')
   assert len(hypotheses) == len(sources) == scores['num_sentences'] == 200
   assert scores['checkpoint_steps'] == [75, 100]  # config.average_last=2 by default
@@ -90,7 +90,7 @@ def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
 
 
 def test_averaging_is_the_elementwise_mean(workdir):
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   averaged, steps = checkpoints.load_params(workdir, config, average_last=3)
   assert steps == [50, 75, 100]
   store, like = checkpoints.Checkpoints(workdir), checkpoints.state_shapes(config)
@@ -104,7 +104,7 @@ def test_averaging_is_the_elementwise_mean(workdir):
 
 
 def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_path):
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   assert config.average_last == 2
   assert checkpoints.load_params(workdir, config)[1] == [75, 100]
   assert translate.load(workdir, None, None, None)[3] == [75, 100]
@@ -118,7 +118,7 @@ def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_pat
 
 
 def test_up_to_step_averages_the_checkpoints_the_run_held_at_that_step(workdir, tmp_path):
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   assert checkpoints.load_params(workdir, config, up_to_step=100)[1] == [75, 100]
   # The run as it stood at step 75 or 99: the same mean as a copy that never got further.
   earlier = tmp_path / 'earlier'
@@ -155,7 +155,7 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
                       f'--output_dir={out}')
   assert result.returncode == 0, result.stderr[-3000:]
-  config = config_lib.load_workdir_config(out)
+  config = stored_config.load_workdir_config(out)
   assert config.average_last == 1  # its one checkpoint is the average already
   written, steps = checkpoints.load_params(out, config)
   expected, _ = checkpoints.load_params(workdir, config, average_last=2)
@@ -206,7 +206,7 @@ def test_an_average_cut_short_leaves_nothing_that_blocks_its_rerun(workdir, tmp_
   result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
                       f'--output_dir={out}')
   assert result.returncode == 0, result.stderr[-3000:]
-  assert config_lib.load_workdir_config(str(out)).average_last == 1
+  assert stored_config.load_workdir_config(str(out)).average_last == 1
   assert sorted(os.listdir(out)) == ['checkpoints', 'config.json', 'vocab']
 
 
@@ -224,7 +224,7 @@ def test_an_average_that_a_full_disk_stops_says_so_in_one_line_and_leaves_nothin
   assert 'Traceback' not in result.stderr and os.listdir(tmp_path) == []
 
 def test_translate_command_reads_stdin(workdir, tmp_path):
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')
   result = run_script('translate.py', f'--workdir={workdir}',
                       stdin=''.join(s + '\n' for s in sources[:5]))
@@ -244,7 +244,7 @@ def test_translate_command_reads_stdin(workdir, tmp_path):
 def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir, tmp_path):
   # A config.json naming kernels only a GPU runs: translate.py runs XLA's instead, logging each
   # replacement, and translates as the run's own config does.
-  config = config_lib.load_workdir_config(workdir)
+  config = stored_config.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')
   gpu_run = tmp_path / 'gpu_run'
   shutil.copytree(workdir, gpu_run)
@@ -355,7 +355,7 @@ def test_a_failed_or_interrupted_evaluation_leaves_no_output_directory(workdir, 
   assert os.listdir(tmp_path) == []
   # Ctrl-C or SIGTERM (a preempted job) while translating: one line, the signal's status,
   # nothing written.
-  sources, references = data.split_texts(config_lib.load_workdir_config(workdir), 'test')
+  sources, references = data.split_texts(stored_config.load_workdir_config(workdir), 'test')
   for side, lines in (('source', sources), ('reference', references)):
     (tmp_path / side).write_text('\n'.join(lines * 40) + '\n', encoding='utf-8')
   for signum, status, said in ((signal.SIGINT, 130, 'Ctrl-C'), (signal.SIGTERM, 143, 'SIGTERM')):
@@ -475,7 +475,7 @@ def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
 
 
 def test_a_byte_order_mark_changes_nothing_and_a_cut_gzip_file_gets_one_line(workdir, tmp_path):
-  sources, references = data.split_texts(config_lib.load_workdir_config(workdir), 'test')
+  sources, references = data.split_texts(stored_config.load_workdir_config(workdir), 'test')
   sources, references = sources[:20], references[:20]
   scores = {}
   for name, bom in (('plain', b''), ('bom', codecs.BOM_UTF8)):

@@ -10,6 +10,7 @@ import pytest
 from configs import tiny
 from conftest import error_line, run_script
 from transformer import config as config_lib
+from transformer import stored_config
 from transformer import data
 
 
@@ -22,7 +23,7 @@ def workdir(tiny_run):
 @pytest.fixture
 def sources(workdir, tmp_path) -> tuple[str, list[str]]:
   """(a file of 12 test sentences with a blank line as line 4, its lines)."""
-  lines = data.split_texts(config_lib.load_workdir_config(workdir), 'test')[0][:12]
+  lines = data.split_texts(stored_config.load_workdir_config(workdir), 'test')[0][:12]
   lines.insert(3, '')
   path = tmp_path / 'sources.txt'
   path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')

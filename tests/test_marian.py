@@ -17,6 +17,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from tests.conftest import error_line, run_script
 from transformer import config as config_lib
+from transformer import stored_config
 from transformer import bleu, data, marian, sampling, translate
 from transformer.model import Transformer, TransformerConfig, sinusoidal_encoding
 
@@ -194,7 +195,7 @@ def exported(tiny_run, tmp_path_factory) -> dict:
 @pytest.fixture(scope='module')
 def test_split(tiny_run):
   """(the run's config, its vocabulary, test sources, their ids with EOS)."""
-  config = config_lib.load_workdir_config(tiny_run)
+  config = stored_config.load_workdir_config(tiny_run)
   vocab = data.load_vocabulary(config, tiny_run)
   sources, _ = data.split_texts(config, 'test')
   return config, vocab, sources, [vocab.encode(s) + [1] for s in sources]
@@ -324,7 +325,7 @@ def test_int8_ctranslate2_scores_within_half_a_bleu_of_ours_on_multi30k(multi30k
   result = run_script('export.py', f'--workdir={multi30k_run}', f'--output_dir={directory}',
                       '--format=ctranslate2', '--quantization=int8')
   assert result.returncode == 0, result.stderr[-3000:]
-  config = config_lib.load_workdir_config(multi30k_run)
+  config = stored_config.load_workdir_config(multi30k_run)
   vocab = data.load_vocabulary(config, multi30k_run)
   sources, references = data.split_texts(config, 'test')
   ids = vocab.encode_batch(sources, add_eos=True)
@@ -420,7 +421,7 @@ def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_we
   from transformer import train_step  # pylint: disable=import-outside-toplevel
   from configs import tiny  # pylint: disable=import-outside-toplevel
 
-  tiny_config = config_lib.load_workdir_config(tiny_run)
+  tiny_config = stored_config.load_workdir_config(tiny_run)
   directory = opus_mt_directory(tmp_path / 'opus', data.split_texts(tiny_config, 'train'))
   hf = transformers.MarianMTModel.from_pretrained(directory).eval()
   tokenizer = transformers.MarianTokenizer.from_pretrained(directory)

@@ -11,7 +11,7 @@ from matplotlib import image as mpimg
 
 from conftest import error_line, run_script
 from transformer import data, plots
-from transformer import config as config_lib
+from transformer import stored_config
 
 
 def assert_picture(path):
@@ -126,7 +126,7 @@ def test_curves_refuse_rows_they_cannot_draw_and_draw_nothing(tmp_path, content,
 
 @pytest.mark.slow
 def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
-  sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
+  sentence = data.split_texts(stored_config.load_workdir_config(tiny_run), 'test')[0][0]
   result = run_script('plot_attention.py', f'--workdir={tiny_run}',
                       f'--sentence={sentence}', f'--output_dir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
@@ -136,7 +136,7 @@ def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
 
   translation, figures = plots.attention_figures(tiny_run, sentence)
   assert f'translation: {translation}' in result.stdout
-  vocab = data.load_vocabulary(config_lib.load_workdir_config(tiny_run), tiny_run)
+  vocab = data.load_vocabulary(stored_config.load_workdir_config(tiny_run), tiny_run)
   source = vocab.pieces(vocab.encode(sentence) + [data.EOS_ID])
   target = vocab.pieces(vocab.encode(translation) + [data.EOS_ID])
   assert source[-1] == target[-1] == '</s>' and len(target) > 1
@@ -161,7 +161,7 @@ def test_attention_heatmaps_are_labelled_with_the_pieces(tiny_run, tmp_path):
 
 
 def test_attention_of_a_sentence_longer_than_max_length_is_of_what_was_translated(tiny_run):
-  sentence = data.split_texts(config_lib.load_workdir_config(tiny_run), 'test')[0][0]
+  sentence = data.split_texts(stored_config.load_workdir_config(tiny_run), 'test')[0][0]
   # Both cut to their first 16 tokens (config.max_length), which they share.
   longer, long = (plots.attention_figures(tiny_run, ' '.join([sentence] * times))
                   for times in (300, 20))

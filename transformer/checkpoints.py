@@ -404,7 +404,7 @@ def load_params(workdir: str, config, average_last: int | None = None,
 
   Args:
     workdir: a train.py workdir.
-    config: its config (`config.load_workdir_config`).
+    config: its config (`stored_config.load_workdir_config`).
     average_last: how many checkpoints to average; None: config.average_last, or all that are
       kept if fewer (an unfinished run). An explicit number must not exceed what is kept.
     up_to_step: only the checkpoints at or before this step count, the run as it stood then

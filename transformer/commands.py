@@ -17,7 +17,7 @@ from absl import app, flags, logging
 from jax._src import xla_bridge  # backends_are_initialized: jax has no public check
 
 from transformer import files, interrupts
-from transformer import config as config_lib
+from transformer import stored_config
 from transformer.config import ConfigError
 
 
@@ -215,7 +215,7 @@ def set_up_jax(config: ml_collections.ConfigDict, workdir: str = '', start: bool
     ConfigError: XLA rejects one of the flags, or JAX cannot start.
     files.DirectoryError: the cache cannot be a directory.
   """
-  with config_lib.fixes_in_run_config(workdir) if workdir else contextlib.nullcontext():
+  with stored_config.fixes_in_run_config(workdir) if workdir else contextlib.nullcontext():
     use_xla_flags(config)
   use_compilation_cache(config)
   if start:

@@ -3,23 +3,19 @@
 `KEYS` is the table of every key: its check, what a resumed run may do with it, and the value a
 config.json from before it reads as. A new key is one line there and one in configs/default.py.
 `validate` raises one `ConfigError` naming the first bad key, its value and how to fix it;
-`check_resume` compares a config with a run's stored one; `model_config` turns a valid config into
-the model's `TransformerConfig`; `load_workdir_config` reads the config.json of a run, written by
-any earlier version.
+`check_resume` compares a config with a run's stored one (stored_config.py reads those);
+`model_config` turns a valid config into the model's `TransformerConfig`.
 """
 
-import contextlib
 import dataclasses
 import json
 import numbers
-import os
 import re
 from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
-from etils import epath
 
 from transformer import marian
 from transformer.model import TransformerConfig
@@ -51,17 +47,6 @@ class SettingError(ValueError):
     if self.value:
       return f'{self.problem}; set "{self.key}" to {self.example}{self.value} in {path}'
     return f'{path}: {self}' if self.key and str(path) not in str(self) else str(self)
-
-
-@contextlib.contextmanager
-def fixes_in_run_config(workdir: str):
-  """Raises a SettingError of the block again with its fix as an edit of the config.json of the
-  run in `workdir` (`SettingError.for_run`): for the commands that read a run's config, which no
-  --config flag sets."""
-  try:
-    yield
-  except SettingError as error:
-    raise type(error)(error.for_run(os.path.join(workdir, 'config.json'))) from None
 
 
 class ConfigError(SettingError):
@@ -308,18 +293,6 @@ KEYS = {
     'xla_flags': Key(_xla_flags, added=''),
 }
 GROUPS = ('model', 'implementation')
-# Where a key of an older config.json lives now; keys since removed (their implementations
-# computed what the default does); removed values, each read as the default that computes the same.
-MOVED_KEYS = {'model.attention_implementation': 'implementation.attention',
-              'attention_projection': 'implementation.attention_projection',
-              'loss_chunk_tokens': 'implementation.loss_chunk_tokens',
-              'loss_reduction': 'implementation.loss_reduction',
-              'dropout_rng_impl': 'implementation.dropout_rng',
-              'decode_batch_tokens': 'implementation.decode_batch_tokens'}
-REMOVED_KEYS = ('model.norm_implementation',)
-REMOVED_VALUES = {'implementation.loss_reduction': {'pallas': ''}}
-
-
 def _check_relations(config: ml_collections.ConfigDict):
   """What the keys must be together."""
   d_model, num_heads = config.model.d_model, config.model.num_heads
@@ -438,115 +411,3 @@ def with_imported_model(config: ml_collections.ConfigDict) -> ml_collections.Con
 def compound_split(config: ml_collections.ConfigDict, target_lang: str) -> bool:
   """Whether the paper BLEU of translations into `target_lang` splits compounds (##AT##)."""
   return target_lang in config.compound_split_languages.split(',')
-
-
-def _parent(tree: dict, key: str, make: bool = False) -> tuple[dict | None, str]:
-  """The dict holding a dotted `key` in `tree` (its groups made where `make`), and its last part;
-  None where a group is not a dict."""
-  *groups, leaf = key.split('.')
-  for group in groups:
-    if make and group not in tree:
-      tree[group] = {}
-    tree = tree.get(group)
-    if not isinstance(tree, dict):
-      return None, leaf
-  return tree, leaf
-
-
-def with_added_keys(stored: dict) -> dict:
-  """A stored config.json's dict as this version reads it: the keys an older version kept
-  elsewhere moved (MOVED_KEYS), removed ones dropped, removed values replaced by the default, and
-  each key it lacks that has an `added` value (`KEYS`) set to that."""
-  config = json.loads(json.dumps(stored))  # a copy
-  for old, new in MOVED_KEYS.items():
-    parent, leaf = _parent(config, old)
-    if parent is not None and leaf in parent:
-      target, new_leaf = _parent(config, new, make=True)
-      if target is not None:
-        target.setdefault(new_leaf, parent.pop(leaf))
-  for key in REMOVED_KEYS:
-    parent, leaf = _parent(config, key)
-    if parent is not None:
-      parent.pop(leaf, None)
-  for key, spec in KEYS.items():
-    parent, leaf = _parent(config, key, make=spec.added is not MISSING)
-    if parent is not None and spec.added is not MISSING:
-      parent.setdefault(leaf, spec.added)
-  for key, replaced in REMOVED_VALUES.items():
-    parent, leaf = _parent(config, key)
-    if parent is not None and isinstance(parent.get(leaf), str):
-      parent[leaf] = replaced.get(parent[leaf], parent[leaf])
-  return config
-
-
-def read_stored(path: epath.Path) -> dict:
-  """The keys of a workdir's config.json at `path`, as this version reads them
-  (`with_added_keys`).
-
-  Raises:
-    ConfigError: it is missing, a directory, not UTF-8, not JSON or not a JSON object.
-  """
-  fix = 'restore it from the config file the run was started with'
-  try:
-    stored = json.loads(path.read_bytes().decode('utf-8'))
-  except (FileNotFoundError, NotADirectoryError):
-    raise ConfigError(f'{path} not found: --workdir must be a directory train.py wrote') from None
-  except IsADirectoryError:
-    raise ConfigError(f'{path} is a directory, not the file train.py writes; {fix}') from None
-  except UnicodeDecodeError as error:
-    raise ConfigError(f'{path} is not UTF-8 text ({error.reason} at byte {error.start}); '
-                      f'{fix}') from None
-  except json.JSONDecodeError as error:
-    raise ConfigError(f'{path} is not valid JSON ({error}); {fix}') from None
-  except OSError as error:  # a symlink loop, no permission, an I/O error
-    raise ConfigError(f'{path} cannot be read ({error.strerror or error}): --workdir must be a '
-                      'directory train.py wrote, readable by this user') from None
-  if not isinstance(stored, dict):
-    raise ConfigError(f'{path} holds a JSON {type(stored).__name__}, not an object of config '
-                      f'keys; {fix}')
-  return with_added_keys(stored)
-
-
-def load_workdir_config(workdir: str, defaults=None) -> ml_collections.ConfigDict:
-  """The validated config.json that train.py wrote in `workdir`; for a Hugging Face Marian
-  directory, `marian_directory_config(workdir, defaults())`, where `defaults` gives a full config
-  (configs/default.py's `get_config`).
-
-  Raises:
-    ConfigError: it is missing, unreadable, or holds a value this version refuses; the message
-      names the file.
-  """
-  if marian.is_marian_directory(workdir):
-    if defaults is None:
-      raise ConfigError(f'{workdir} is a Hugging Face Marian directory, not a train.py workdir: '
-                        'eval.py and translate.py take it as --workdir, train.py as '
-                        '--config.init_from')
-    return marian_directory_config(workdir, defaults())
-  path = epath.Path(workdir) / 'config.json'
-  try:
-    return validate(ml_collections.ConfigDict(read_stored(path)))
-  except ConfigError as error:
-    message = error.for_run(path)
-    raise ConfigError(message if str(path) in message else f'{path}: {message}') from None
-
-
-def marian_directory_config(directory: str,
-                            config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` (changed in place) set to translate with the Marian model in `directory` as it is:
-  its architecture and vocabulary (config.init_from), computed in float32 as transformers does,
-  the beam size and length penalty's alpha of its generation_config.json
-  (`marian.decoding_keys`) and the languages its model card names; validated.
-
-  Raises:
-    ConfigError: the directory holds a model or a setting this codebase cannot take; named.
-  """
-  config.init_from = directory
-  with_imported_model(config)
-  config.model.dtype = 'float32'
-  try:
-    config.update(marian.decoding_keys(directory))
-    config.source_lang, config.target_lang = (marian.card_languages(directory) or
-                                              (config.source_lang, config.target_lang))
-    return validate(config)
-  except (marian.MarianError, ConfigError, TypeError) as error:  # TypeError: a value's type
-    raise ConfigError(f'{directory}: {error}') from None

@@ -154,7 +154,7 @@ def best_continuations(logits, live_log_probs, at_limit, k: int):
   Args:
     logits: [batch * beam, vocab] float32, rows of one sentence next to each other.
     live_log_probs: [batch, beam] the live hypotheses' log-probabilities.
-    at_limit: [batch, 1, 1] True where only EOS may come next (`_allowed`).
+    at_limit: [batch, 1, 1] True where only EOS may come next (`allowed`).
     k: how many.
 
   Returns:

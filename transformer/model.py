@@ -470,13 +470,6 @@ class Transformer(nn.Module):
                         target_segment_ids)
 
 
-def parameter_count(config: TransformerConfig) -> int:
-  """Number of parameters, from shapes alone (nothing is allocated)."""
-  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-  shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
-  return sum(x.size for x in jax.tree_util.tree_leaves(shapes['params']))
-
-
 def project(states: Array, table: Array, bias: Array | None = None) -> Array:
   """Float32 logits of `states` [..., d_model] against an output table [vocab, d_model], plus
   `bias` [vocab] if given."""

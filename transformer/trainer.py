@@ -12,7 +12,6 @@ The only module besides checkpoints.py that touches the workdir:
 import concurrent.futures
 import contextlib
 import itertools
-import json
 import os
 import time
 
@@ -23,12 +22,12 @@ from absl import logging
 from etils import epath
 
 from transformer import config as config_lib
+from transformer import stored_config
 from transformer import data, lock, metrics, train_step
 from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, on_schedule,
                                     state_shapes)
-from transformer.data import vocabulary
 from transformer.evaluator import Evaluator, final_bleu, final_bleu_splits
-from transformer.files import DirectoryError, check_writable, make_directory, write_atomically
+from transformer.files import DirectoryError, check_writable, make_directory
 from transformer.kernels import choice, packing
 from transformer.preemption import Preemption, agree
 
@@ -53,7 +52,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     # Nothing to train: the run changes nothing, and its config.json still gives the steps
     # eval.py averages.
     finished = latest is not None and latest >= config.num_train_steps
-    check_and_write_config(config, workdir, write=not finished)
+    stored_config.check_and_write(config, workdir, write=not finished)
     if finished:
       logging.warning('checkpoint %d is at or past config.num_train_steps=%d: nothing to train, '
                       'and nothing in %s changed (raise num_train_steps to train on; eval.py '
@@ -182,24 +181,6 @@ def _latest_step(workdir: str) -> int | None:
     return checkpoints.latest_step()
   finally:
     checkpoints.close()
-
-
-def check_and_write_config(config: ml_collections.ConfigDict, workdir: str, write: bool = True):
-  """Refuses to resume with a different 'fixed' key (config.KEYS), warns of a changed 'order'
-  key, then records the resolved config (unless not `write`).
-
-  A config.json alone binds nothing: a start that failed before its vocabulary (a mistyped
-  dataset or path) is replaced by the next.
-  """
-  path = epath.Path(workdir) / 'config.json'
-  made = [epath.Path(workdir, name) for name in (vocabulary.MODEL_FILE, vocabulary.MARIAN_FILE,
-                                                  CHECKPOINTS_DIR)]
-  if path.exists() and any(made_path.exists() for made_path in made):
-    for warning in config_lib.check_resume(config_lib.read_stored(path), config, path):
-      logging.warning('%s', warning)
-  if write and jax.process_index() == 0:
-    write_atomically(path, json.dumps(json.loads(config.to_json()), indent=2, sort_keys=True) +
-                     '\n')
 
 
 def _prepare(config: ml_collections.ConfigDict, workdir: str) -> tuple:

@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 
 from transformer import checkpoints, data, decode, marian, metrics, train_step
 from transformer import config as config_lib
+from transformer import stored_config
 from transformer.kernels import choice, compile_ahead
 from transformer.sampling import sample
 
@@ -465,7 +466,7 @@ def load(workdir: str | list[str], average_last: int | None = None,
   """
   workdirs = workdir if isinstance(workdir, list) else [workdir]
   configs = [choice.runnable_here(config if n == 0 and config is not None else
-                                  config_lib.load_workdir_config(path))
+                                  stored_config.load_workdir_config(path))
              for n, path in enumerate(workdirs)]
   vocabs = [data.marian_vocabulary(path) if marian.is_marian_directory(path) else
             data.load_vocabulary(run_config, path) for path, run_config in zip(workdirs, configs)]
