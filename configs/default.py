@@ -8,7 +8,7 @@ Not run here yet; the time a step takes on a GPU: docs/speed.md. Every number be
 paper's unless its comment says otherwise.
 
 Cloud TPU slices it was compiled for here, with libtpu and no TPU, and the share of a device's
-memory its largest train program and beam search take (`python -m benchmarks.tpu_plan
+memory its largest train program and beam search take (`python tpu_plan.py
 --config=configs/default.py --topology=v5e:2x4`; all: benchmarks/results/tpu_plan.md):
   v5e-8: fits; train step 21%, beam search 40%
   v4-8: fits; train step 16%, beam search 21%

@@ -10,7 +10,7 @@ figures are the paper's on newstest2014; none has been run here yet.
   python train.py --config=configs/wmt14.py:big,en-de --workdir=runs/big_ende
 
 Cloud TPU slices each was compiled for here, as configs/default.py's (base,en-de) were
-(`python -m benchmarks.tpu_plan --config=configs/wmt14.py:big,en-de --topology=v4:2x2x4`; all:
+(`python tpu_plan.py --config=configs/wmt14.py:big,en-de --topology=v4:2x2x4`; all:
 benchmarks/results/tpu_plan.md), with the share of a device's memory the largest train program
 and beam search take:
   big,en-de on v4-32: fits; train step 19%, beam search 44%

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from transformer import decode, kernels
+from transformer.kernels import attention as kernel_attention
 from transformer.kernels import hash_rng
 from transformer.kernels.choice import Machine
 from transformer.model import Dropout, Transformer, TransformerConfig
@@ -139,3 +140,22 @@ def test_top_k_by_blocks_is_lax_top_k_ties_included(rows, n, k, block):
     want_values, want_indices = jax.lax.top_k(x, k)
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(indices, want_indices)
+
+
+def test_a_kernel_replacing_the_plain_attention_says_so_once(monkeypatch):
+  # Logged when traced: once that the Pallas kernels replace model.dot_product_attention, once
+  # that rows longer than they take run the plain form, whatever the layers and calls.
+  messages = []
+  monkeypatch.setattr(kernel_attention.logging, 'info',
+                      lambda message, *args: messages.append(message % args))
+  monkeypatch.setattr(kernel_attention, '_logged', set())
+  cfg = SMALL.replace(d_model=32, num_heads=2, attention_implementation='pallas')
+  for length in (8, 8, 130):
+    sources, targets = random_tokens(0, (2, length)), random_tokens(1, (2, length))
+    Transformer(cfg).init(jax.random.key(0), sources, targets)
+  assert messages == [
+      'attention: the pallas kernels replace model.dot_product_attention',
+      'attention: model.dot_product_attention for lengths the pallas kernels do not take '
+      '(130 queries, 130 keys)']
+  assert not kernel_attention.applies(cfg.replace(decode=True), 8, 8)
+  assert not kernel_attention.applies(cfg.replace(attention_implementation='xla'), 8, 8)
