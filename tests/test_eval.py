@@ -250,7 +250,8 @@ def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir
   shutil.copytree(workdir, gpu_run)
   stored = json.loads((gpu_run / 'config.json').read_text())
   # A GPU's attention, and a key since removed.
-  stored['model'].update(attention_implementation='cudnn', norm_implementation='pallas')
+  stored['implementation']['attention'] = 'cudnn'
+  stored['model']['norm_implementation'] = 'pallas'
   (gpu_run / 'config.json').write_text(json.dumps(stored))
   lines = ''.join(s + '\n' for s in sources[:3])
   results = [run_script('translate.py', f'--workdir={path}', stdin=lines)
