@@ -362,11 +362,23 @@ def check_resume(stored: dict, config: ml_collections.ConfigDict, path) -> list[
   return warnings
 
 
+def parent_of(tree: dict, key: str, make: bool = False) -> tuple[dict | None, str]:
+  """The dict holding a dotted `key` in `tree` (its groups made where `make`), and its last part;
+  None where a group is not a dict."""
+  *groups, leaf = key.split('.')
+  for group in groups:
+    if make and group not in tree:
+      tree[group] = {}
+    tree = tree.get(group)
+    if not isinstance(tree, dict):
+      return None, leaf
+  return tree, leaf
+
+
 def _lookup(tree: dict, key: str):
   """`tree`'s value at a dotted key, or None."""
-  for part in key.split('.'):
-    tree = tree.get(part) if isinstance(tree, dict) else None
-  return tree
+  parent, leaf = parent_of(tree, key)
+  return None if parent is None else parent.get(leaf)
 
 
 def model_config(config: ml_collections.ConfigDict, implementations=None) -> TransformerConfig:

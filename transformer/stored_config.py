@@ -14,8 +14,8 @@ from etils import epath
 
 from transformer import marian
 from transformer.checkpoints import CHECKPOINTS_DIR
-from transformer.config import (KEYS, MISSING, ConfigError, SettingError, check_resume, validate,
-                                with_imported_model)
+from transformer.config import (KEYS, MISSING, ConfigError, SettingError, check_resume,
+                                parent_of, validate, with_imported_model)
 from transformer.data import vocabulary
 from transformer.files import write_atomically
 
@@ -43,40 +43,27 @@ REMOVED_KEYS = ('model.norm_implementation',)
 REMOVED_VALUES = {'implementation.loss_reduction': {'pallas': ''}}
 
 
-def _parent(tree: dict, key: str, make: bool = False) -> tuple[dict | None, str]:
-  """The dict holding a dotted `key` in `tree` (its groups made where `make`), and its last part;
-  None where a group is not a dict."""
-  *groups, leaf = key.split('.')
-  for group in groups:
-    if make and group not in tree:
-      tree[group] = {}
-    tree = tree.get(group)
-    if not isinstance(tree, dict):
-      return None, leaf
-  return tree, leaf
-
-
 def with_added_keys(stored: dict) -> dict:
   """A stored config.json's dict as this version reads it: the keys an older version kept
   elsewhere moved (MOVED_KEYS), removed ones dropped, removed values replaced by the default, and
   each key it lacks that has an `added` value (`KEYS`) set to that."""
   config = json.loads(json.dumps(stored))  # a copy
   for old, new in MOVED_KEYS.items():
-    parent, leaf = _parent(config, old)
+    parent, leaf = parent_of(config, old)
     if parent is not None and leaf in parent:
-      target, new_leaf = _parent(config, new, make=True)
+      target, new_leaf = parent_of(config, new, make=True)
       if target is not None:
         target.setdefault(new_leaf, parent.pop(leaf))
   for key in REMOVED_KEYS:
-    parent, leaf = _parent(config, key)
+    parent, leaf = parent_of(config, key)
     if parent is not None:
       parent.pop(leaf, None)
   for key, spec in KEYS.items():
-    parent, leaf = _parent(config, key, make=spec.added is not MISSING)
+    parent, leaf = parent_of(config, key, make=spec.added is not MISSING)
     if parent is not None and spec.added is not MISSING:
       parent.setdefault(leaf, spec.added)
   for key, replaced in REMOVED_VALUES.items():
-    parent, leaf = _parent(config, key)
+    parent, leaf = parent_of(config, key)
     if parent is not None and isinstance(parent.get(leaf), str):
       parent[leaf] = replaced.get(parent[leaf], parent[leaf])
   return config
