@@ -206,7 +206,8 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
     micro = jax.ShapeDtypeStruct((count,), np.int32)
     programs[f'gradients {name}'] = compile_program(steps.gradients, devices, (), states,
                                                     train_batch, micro)
-    accumulated = jax.eval_shape(jax.pmap(steps.gradients, train_step.AXIS), states,
+    # vmap, not pmap: the shapes on `count` devices, whatever this machine has.
+    accumulated = jax.eval_shape(jax.vmap(steps.gradients, axis_name=train_step.AXIS), states,
                                  train_batch, micro)
     programs[f'accumulate {name}'] = compile_program(steps.accumulate, devices, (3,), states,
                                                      train_batch, micro, accumulated)
