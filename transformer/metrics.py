@@ -9,9 +9,6 @@ import time
 import jax
 import numpy as np
 from absl import logging
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto import event_pb2
-from tensorboardX.summary import scalar, text
 
 from transformer.files import append_line, make_directory, unwritable
 
@@ -50,11 +47,17 @@ class MetricsWriter:
   def __init__(self, workdir: str, enabled: bool):
     self.enabled = enabled
     if enabled:
+      # Imported here: tensorboardX imports PyTorch where it is installed (2 s), which the
+      # commands that import this module but write no metrics (eval.py, translate.py) never need.
+      from tensorboardX import event_file_writer, summary  # pylint: disable=import-outside-toplevel
+      from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+      self.summary, self.event = summary, event_pb2.Event
       self.path = os.path.join(workdir, 'metrics.jsonl')
       self.tensorboard_dir = os.path.join(workdir, 'tensorboard')
       make_directory(self.tensorboard_dir, '--workdir')
       with self._writing_tensorboard():
-        self.tensorboard = EventsWriter(os.path.join(self.tensorboard_dir, 'events'))
+        self.tensorboard = event_file_writer.EventsWriter(
+            os.path.join(self.tensorboard_dir, 'events'))
 
   @contextlib.contextmanager
   def _writing_tensorboard(self):
@@ -70,8 +73,7 @@ class MetricsWriter:
     thread's queue."""
     with self._writing_tensorboard():
       for summary in summaries:
-        self.tensorboard.write_event(event_pb2.Event(summary=summary, step=step,
-                                                     wall_time=time.time()))
+        self.tensorboard.write_event(self.event(summary=summary, step=step, wall_time=time.time()))
       self.tensorboard.flush()
 
   def write(self, step: int, values: dict, split: str | None = None, pair: str | None = None):
@@ -85,13 +87,13 @@ class MetricsWriter:
     append_line(self.path, json.dumps(row))
     prefix = f'{split}/' if split else 'train/'
     prefix += f'{pair}/' if pair else ''
-    self._add(step, [scalar(prefix + key, value) for key, value in values.items()
+    self._add(step, [self.summary.scalar(prefix + key, value) for key, value in values.items()
                      if isinstance(value, (int, float))])
 
   def write_text(self, step: int, tag: str, markdown: str):
     """Text for TensorBoard's Text tab (rendered as markdown), under `tag` at `step`."""
     if self.enabled:
-      self._add(step, [text(tag, markdown)])
+      self._add(step, [self.summary.text(tag, markdown)])
 
   def close(self):
     if self.enabled:
