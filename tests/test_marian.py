@@ -18,7 +18,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from tests.conftest import error_line, run_script
 from transformer import config as config_lib
 from transformer import stored_config
-from transformer import bleu, data, marian, sampling, translate
+from transformer import data, marian, sampling, translate
 from transformer.model import Transformer, TransformerConfig, sinusoidal_encoding
 
 MODEL = dict(d_model=16, d_ff=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
@@ -69,6 +69,7 @@ def test_marian_positions_are_ours_in_residual_order():
   assert not np.allclose(table.weight.detach().numpy(), ours, atol=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', [
     {},
     {'share_embeddings': False},
@@ -107,6 +108,7 @@ def test_marian_layout_computes_what_ours_computes(variant, float32_matmuls):
     np.testing.assert_array_equal(back[path], value, err_msg=str(path))
 
 
+@pytest.mark.slow
 def test_an_opus_mt_marian_imports_with_its_logits_and_greedy_translations(float32_matmuls):
   """A randomly initialised MarianMTModel in OPUS-MT's layout (swish, attention and logits
   biases, scaled embeddings, EOS 0, unk 1, pad last as the start symbol) gives, mapped to our
@@ -201,6 +203,7 @@ def test_split(tiny_run):
   return config, vocab, sources, [vocab.encode(s) + [1] for s in sources]
 
 
+@pytest.mark.slow
 def test_the_exported_run_computes_in_transformers_what_it_computes_here(tiny_run, exported,
                                                                         test_split,
                                                                         float32_matmuls):
@@ -285,6 +288,7 @@ def ctranslate2_outputs(directory, vocab, ids, beam_size):
   return hypotheses
 
 
+@pytest.mark.slow
 def test_the_ctranslate2_export_translates_as_ours(tiny_run, exported, test_split):
   """float32: our greedy and alpha-0 beam translations of 200 sentences; int8: weights of a
   quarter of the bytes, which translate."""
@@ -302,42 +306,7 @@ def test_the_ctranslate2_export_translates_as_ours(tiny_run, exported, test_spli
   assert config['layer_norm_epsilon'] == 1e-6
 
 
-@pytest.fixture(scope='module')
-def multi30k_run(multi30k_dir, tmp_path_factory) -> str:
-  """configs/multi30k.py's recipe cut to 600 steps (warmup 300, the checkpoints of steps 400-600
-  averaged), with no closing BLEU: test2016 sacreBLEU ~23 (~10 minutes on 2 CPU cores)."""
-  workdir = str(tmp_path_factory.mktemp('multi30k_run'))
-  result = run_script('train.py', '--config=configs/multi30k.py', f'--workdir={workdir}',
-                      f'--config.manual_dir={multi30k_dir}', '--config.num_train_steps=600',
-                      '--config.warmup_steps=300', '--config.checkpoint_every_steps=100',
-                      '--config.keep_checkpoints=3', '--config.average_last=3',
-                      '--config.final_bleu_splits=', timeout=2400)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return workdir
-
-
 @pytest.mark.slow
-def test_int8_ctranslate2_scores_within_half_a_bleu_of_ours_on_multi30k(multi30k_run, tmp_path):
-  """Multi30k test2016, beam 4 at alpha 0 (where the length penalties agree) and our length
-  limits: the int8 model's sacreBLEU within 0.5 of ours. (At alpha 1.0, the full recipe:
-  benchmarks/results/interop_speed.md.)"""
-  directory = str(tmp_path / 'int8')
-  result = run_script('export.py', f'--workdir={multi30k_run}', f'--output_dir={directory}',
-                      '--format=ctranslate2', '--quantization=int8')
-  assert result.returncode == 0, result.stderr[-3000:]
-  config = stored_config.load_workdir_config(multi30k_run)
-  vocab = data.load_vocabulary(config, multi30k_run)
-  sources, references = data.split_texts(config, 'test')
-  ids = vocab.encode_batch(sources, add_eos=True)
-  scores = {name: bleu.sacrebleu_score([vocab.decode(output) for output in outputs], references,
-                                       config.target_lang)[0]
-            for name, outputs in (('ours', our_outputs(multi30k_run, sources, config.beam_size)),
-                                  ('int8', ctranslate2_outputs(directory, vocab, ids,
-                                                               config.beam_size)))}
-  assert len(sources) == 1000 and scores['ours'] > 15, scores  # a model that translates
-  assert abs(scores['int8'] - scores['ours']) <= 0.5, scores
-
-
 def test_export_refuses_what_marian_cannot_hold_before_any_work(tiny_run, tmp_path):
   stored = json.load(open(os.path.join(tiny_run, 'config.json')))
   for key, value in (('layer_norm', 'pre'), ('positional_encoding', 'learned')):
@@ -412,6 +381,7 @@ def opus_mt_directory(path, tiny_texts) -> str:
   return str(path)
 
 
+@pytest.mark.slow
 def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_weights(
     tiny_run, tmp_path, float32_matmuls):
   """train.py --config.init_from=DIR takes the model, the vocabulary and the weights of an
@@ -470,6 +440,7 @@ def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_we
   assert result.stdout.splitlines() == expected
 
 
+@pytest.mark.slow
 def test_eval_py_scores_a_marian_directory_with_its_generation_settings(tiny_run, exported,
                                                                         test_split, tmp_path):
   """eval.py --workdir=EXPORT translates with the exported weights at transformers' LayerNorm
@@ -510,6 +481,7 @@ def test_eval_py_scores_a_marian_directory_with_its_generation_settings(tiny_run
     assert not (tmp_path / script).exists()
 
 
+@pytest.mark.slow
 def test_export_then_import_then_export_gives_the_same_files(tiny_run, exported, tmp_path):
   """A run started from an export of the tiny run, at learning rate 0, exports to the same bytes
   but for the model card, which names its own command."""
@@ -530,6 +502,7 @@ def test_export_then_import_then_export_gives_the_same_files(tiny_run, exported,
       assert open(f'{first}/{name}', 'rb').read() == open(f'{again}/{name}', 'rb').read(), name
 
 
+@pytest.mark.slow
 def test_a_marian_directory_this_model_cannot_take_stops_train_py_in_one_line(exported, tmp_path):
   source = exported['transformers']
   for name, change, named in [
