@@ -10,10 +10,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import ROOT, run_script
 from transformer import stored_config
 from transformer import data
+
+pytestmark = pytest.mark.slow  # each test trains, compiles or runs a command
 
 RECIPE = os.path.join(ROOT, 'docs', 'back_translation.md')
 PREFIXES = {'train': 'train', 'validation': 'val', 'test': 'test_2016_flickr'}

@@ -139,6 +139,7 @@ def test_lowercase_bleu_on_fixed_text_worked_by_hand():
       "references, as Multi30k's task1-tokenize.sh), multi-bleu.perl")
 
 
+@pytest.mark.slow
 def test_train_py_starts_without_importing_sacremoses():
   """sacremoses compiles its regular expressions on import (0.2 s): train.py's start leaves it to
   the first paper BLEU."""

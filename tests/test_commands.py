@@ -23,6 +23,7 @@ def run_script(*args):
                         timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script,flag_names', [
     ('train.py', ['--config', '--workdir', '--coordinator_address', '--num_processes',
                   '--process_id']),
@@ -37,6 +38,7 @@ def test_entry_points_print_help(script, flag_names):
     assert flag + ':' in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('override,message', [
     ('--config.model.num_heads=3', 'config.model.num_heads=3: model.d_model=32 must be divisible'),
     ('--config.model.num_haeds=3', "--config.model.num_haeds=3: no key 'num_haeds' in the config. "
@@ -85,6 +87,7 @@ MULTI_HOST = ('--num_processes=1', '--process_id=0')
     ('score.py', ('--up_to_step=-1',),
      'FATAL Flags parsing error: flag --up_to_step=-1: -1 is not a non-negative integer'),
 ])
+@pytest.mark.slow
 def test_commands_report_bad_flags_in_one_line(script, args, line, tmp_path):
   required = {'train.py': ('--config=configs/tiny.py', f'--workdir={tmp_path}'),
               'eval.py': (f'--workdir={tmp_path}', f'--output_dir={tmp_path}'),
@@ -127,6 +130,7 @@ def test_config_flag_mistakes_are_one_line(monkeypatch, args, message):
   assert str(error.value) == message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('text,message', [
     ('def get_config(:\n  pass\n', 'line 1: invalid syntax; a config file is Python with '),
     ('import no_such_module\n', "No module named 'no_such_module'; install it, or drop the "
@@ -175,6 +179,7 @@ def test_xla_flags_that_xla_rejects_fail_as_one_config_error(xla_flags, reason, 
   assert os.environ['XLA_FLAGS'] == '--xla_force_host_platform_device_count=4'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('environment,reason', [
     ('--xla_force_host_platform_device_count=2 --xla_cpu_enable_fast_math=maybe',
      "Couldn't interpret value maybe for flag xla_cpu_enable_fast_math"),
@@ -229,6 +234,7 @@ def test_xla_flags_join_the_environments_which_keeps_its_own_values(monkeypatch,
       'applied' in caplog.text
 
 
+@pytest.mark.slow
 def test_a_compilation_cache_that_cannot_be_a_directory_is_named(tmp_path):
   file = tmp_path / 'file'
   file.write_text('', encoding='utf-8')

@@ -534,6 +534,7 @@ def test_tfds_translation_dataset_end_to_end_with_mock_data(tmp_path):
       data.split_texts(config, 'test')
 
 
+@pytest.mark.slow
 def test_multi30k_from_a_local_directory(multi30k_dir, tmp_path):
   config = multi30k.get_config()
   config.update(manual_dir=multi30k_dir, tfds_data_dir=str(tmp_path))
@@ -641,6 +642,7 @@ def test_bad_text_files(tmp_path, source, target, message):
     data.split_texts(config, 'train')
 
 
+@pytest.mark.slow
 def test_training_files_of_empty_lines_are_said_to_hold_no_sentence(tmp_path):
   pattern = write_pair(tmp_path, 'train', b'\n\n\n', b'\n\n\n')
   result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run',
@@ -718,6 +720,7 @@ print(hashlib.sha256(ids).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_two_processes_store_one_split_alike_and_never_replace_a_file(tmp_path):
   """Two hosts that find no store tokenize at once: both get the same ids and one complete store;
   a file already written is never replaced (another host may have it mapped into memory)."""

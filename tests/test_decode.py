@@ -60,6 +60,7 @@ def always_predicting(token: int):
   return config, params
 
 
+@pytest.mark.slow
 def test_beam_size_one_is_greedy_search(params):
   greedy = sampling.greedy_search(CONFIG, params, SOURCES, extra_length=3)
   beam, _, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=1, extra_length=3)
@@ -84,6 +85,7 @@ def test_cached_greedy_equals_recomputing_the_prefix(params):
     assert strip(greedy[row]) == tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cache_stage', [2, decode.CACHE_STAGE])
 def test_cached_beam_search_equals_recomputing_the_prefix(params, cache_stage):
   tokens, scores, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=4, alpha=0.6,
@@ -95,6 +97,7 @@ def test_cached_beam_search_equals_recomputing_the_prefix(params, cache_stage):
     assert float(scores[row, 0]) == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_cache_grown_in_stages_gives_the_same_search():
   # Limits of 7-9 positions: stages of 1 and 3 grow the cache 8 and 2 times, 64 never.
   config, params = always_predicting(2)
@@ -107,6 +110,7 @@ def test_a_cache_grown_in_stages_gives_the_same_search():
     assert int(steps) == int(results[-1][2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
 def test_large_beam_finds_the_brute_force_optimum(params, alpha):
   # 2^5 = 32 sequences of the longest length: a beam of 64 never prunes.
@@ -118,6 +122,7 @@ def test_large_beam_finds_the_brute_force_optimum(params, alpha):
     assert float(scores[row, 0]) == pytest.approx(best_score, abs=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('extra', [0, 2, 5])
 def test_outputs_stop_at_source_length_plus_extra(extra):
   config, params = always_predicting(2)  # never wants to stop
@@ -132,6 +137,7 @@ def test_outputs_stop_at_source_length_plus_extra(extra):
   assert int(steps) == max(limits)
 
 
+@pytest.mark.slow
 def test_beam_search_stops_once_nothing_alive_can_win():
   config, params = always_predicting(decode.EOS_ID)
   tokens, _, steps = decode.beam_search(config, params, SOURCES, beam_size=4, extra_length=50)
@@ -212,6 +218,7 @@ def test_best_continuations_are_top_k_over_every_normalized_candidate(beam, voca
   assert (np.asarray(best[1, beam:]) < decode.NEG_INF / 2).all()
 
 
+@pytest.mark.slow
 def test_beam_search_with_the_fused_attention_finds_what_it_finds_with_xlas():
   # The encoder's attention runs the Pallas kernels (interpreted off a GPU); decoding runs XLA's
   # attention over its caches either way.
@@ -235,6 +242,7 @@ def brute_force_ranking(params, source, extra_length, alpha):
   return sorted(zip(scores.tolist(), sequences), key=lambda pair: -pair[0])
 
 
+@pytest.mark.slow
 def test_nbest_of_an_unpruned_beam_are_the_brute_force_ranking(params):
   tokens, scores, _ = decode.beam_search(CONFIG, params, SOURCES, beam_size=64, alpha=0.6,
                                          extra_length=2, nbest=6)
@@ -245,6 +253,7 @@ def test_nbest_of_an_unpruned_beam_are_the_brute_force_ranking(params):
     assert [strip(hypothesis) for hypothesis in tokens[row]] == [seq for _, seq in ranking]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('nbest', [2, 4])
 def test_the_first_of_the_nbest_is_the_1_best_exactly(params, nbest):
   one = decode.beam_search(CONFIG, params, SOURCES, beam_size=4, extra_length=6)
@@ -260,6 +269,7 @@ def test_nbest_beyond_the_beam_is_refused(params):
     decode.beam_search(CONFIG, params, SOURCES, beam_size=2, nbest=3)
 
 
+@pytest.mark.slow
 def test_draws_come_from_the_renormalized_top_k_and_top_p_tokens():
   logits = jnp.log(jnp.array([[0.05, 0.4, 0.3, 0.15, 0.1]]))
   keys = jax.random.split(jax.random.key(0), 20000)
@@ -288,6 +298,7 @@ def test_draws_come_from_the_renormalized_top_k_and_top_p_tokens():
                                     (2.0, 8.0, 8.0, 8.0, 8.0, 8.0)])
 # Six rows within their candidates, or beyond them: one, two or three gathered (with repeats of
 # row 0, beyond or not), or more, all bisected.
+@pytest.mark.slow
 @pytest.mark.parametrize('candidates', [4, 64])
 def test_the_nucleus_floor_is_the_sorted_rows_whatever_path_finds_it(scales, candidates):
   logits = jnp.array(scales)[:, None] * jax.random.normal(jax.random.key(3), (6, 300))
@@ -302,6 +313,7 @@ def test_the_nucleus_floor_is_the_sorted_rows_whatever_path_finds_it(scales, can
     np.testing.assert_array_equal(np.asarray(floor)[:, 0], expected, err_msg=str(top_p))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('settings', [{'temperature': 0.0}, {'top_k': 1}, {'top_k': 1,
                                                                            'top_p': 0.5}])
 def test_sampling_at_temperature_0_or_top_k_1_is_greedy_search(params, settings):
@@ -312,6 +324,7 @@ def test_sampling_at_temperature_0_or_top_k_1_is_greedy_search(params, settings)
   np.testing.assert_array_equal(tokens[:, 1], greedy)
 
 
+@pytest.mark.slow
 def test_a_sample_depends_on_its_key_alone_and_has_the_models_log_probability():
   params = Transformer(CONFIG).init(jax.random.key(5), SOURCES, SOURCES)['params']  # unscaled
   keys = jax.random.split(jax.random.key(1), 12).reshape(3, 4)
@@ -326,6 +339,7 @@ def test_a_sample_depends_on_its_key_alone_and_has_the_models_log_probability():
     np.testing.assert_allclose(log_probs[row], expected, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_a_model_with_itself_decodes_as_the_model(params):
   ensemble = ((CONFIG, CONFIG), (params, params))
   for alone, together in (
@@ -339,6 +353,7 @@ def test_an_ensemble_of_a_model_with_itself_decodes_as_the_model(params):
       np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_an_ensemble_scores_with_the_renormalized_mean_of_its_models_log_probabilities(params):
   other = Transformer(CONFIG).init(jax.random.key(9), SOURCES, SOURCES)['params']
   other = jax.tree_util.tree_map(lambda x: 4 * x, other)

@@ -40,6 +40,7 @@ def workdir(tiny_run):
   return tiny_run
 
 
+@pytest.mark.slow
 def test_training_ends_with_bleu_of_the_averaged_checkpoints(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
@@ -51,6 +52,7 @@ def test_training_ends_with_bleu_of_the_averaged_checkpoints(workdir):
   assert all(0 <= r['sacrebleu'] <= 100 and 0 <= r['bleu_paper'] <= 100 for r in final)
 
 
+@pytest.mark.slow
 def test_eval_writes_hypotheses_and_scores(workdir, tmp_path):
   result = run_script('eval.py', f'--workdir={workdir}', f'--output_dir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
@@ -117,6 +119,7 @@ def test_default_average_is_the_configs_or_all_kept_checkpoints(workdir, tmp_pat
   assert checkpoints.load_params(str(fewer), config)[1] == [100]
 
 
+@pytest.mark.slow
 def test_up_to_step_averages_the_checkpoints_the_run_held_at_that_step(workdir, tmp_path):
   config = stored_config.load_workdir_config(workdir)
   assert checkpoints.load_params(workdir, config, up_to_step=100)[1] == [75, 100]
@@ -150,6 +153,7 @@ def test_up_to_step_averages_the_checkpoints_the_run_held_at_that_step(workdir, 
       '65 steps: 100, 200, ..., 6400, 6500')
 
 
+@pytest.mark.slow
 def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
   out = str(tmp_path / 'averaged')
   result = run_script('average_checkpoints.py', f'--workdir={workdir}', '--average_last=2',
@@ -191,6 +195,7 @@ def test_average_checkpoints_writes_a_workdir_eval_can_read(workdir, tmp_path):
           if path.is_file()} == before
 
 
+@pytest.mark.slow
 def test_an_average_cut_short_leaves_nothing_that_blocks_its_rerun(workdir, tmp_path):
   """A new OUT appears whole or not at all: a process killed (SIGKILL) while writing one leaves
   no OUT, and average_checkpoints.py then writes it as if it had never run."""
@@ -211,6 +216,7 @@ def test_an_average_cut_short_leaves_nothing_that_blocks_its_rerun(workdir, tmp_
 
 
 
+@pytest.mark.slow
 def test_an_average_that_a_full_disk_stops_says_so_in_one_line_and_leaves_nothing(workdir,
                                                                                   tmp_path):
   out = tmp_path / 'averaged'
@@ -223,6 +229,7 @@ def test_an_average_that_a_full_disk_stops_says_so_in_one_line_and_leaves_nothin
       error_line(result)), result.stderr[-3000:]
   assert 'Traceback' not in result.stderr and os.listdir(tmp_path) == []
 
+@pytest.mark.slow
 def test_translate_command_reads_stdin(workdir, tmp_path):
   config = stored_config.load_workdir_config(workdir)
   sources, _ = data.split_texts(config, 'test')
@@ -239,6 +246,7 @@ def test_translate_command_reads_stdin(workdir, tmp_path):
   assert (tmp_path / 'out.txt').read_text(encoding='utf-8').splitlines() == lines
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() == 'gpu',
                     reason='a GPU runs the kernels this test needs a backend to lack')
 def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir, tmp_path):
@@ -262,6 +270,7 @@ def test_a_run_trained_with_a_gpus_kernels_translates_on_another_backend(workdir
           in results[1].stderr), results[1].stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   missing = str(tmp_path / 'nowhere')
   assert error_line(run_script('eval.py', f'--workdir={missing}', f'--output_dir={tmp_path}')) == (
@@ -295,6 +304,7 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
 IN_THE_WAY = 'a file of that name exists'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command,why', [
     (('eval.py', '--output_dir=FILE'),
      f'--output_dir: FILE cannot be made a directory ({IN_THE_WAY})'),
@@ -338,6 +348,7 @@ READ_ONLY = '/sys'  # read-only for root too
     (('average_checkpoints.py', '--output_dir=READ_ONLY'), '--output_dir: READ_ONLY takes no new '
      'file (Permission denied); give a directory you can write to'),
 ])
+@pytest.mark.slow
 def test_an_output_that_cannot_be_written_stops_the_command_before_its_work(workdir, tmp_path,
                                                                             command, line):
   (tmp_path / 'scores.json').mkdir()
@@ -349,6 +360,7 @@ def test_an_output_that_cannot_be_written_stops_the_command_before_its_work(work
   assert os.listdir(tmp_path) == ['scores.json']
 
 
+@pytest.mark.slow
 def test_a_failed_or_interrupted_evaluation_leaves_no_output_directory(workdir, tmp_path):
   output_dir = tmp_path / 'eval'
   assert 'average_last=4, but' in error_line(run_script(
@@ -402,6 +414,7 @@ def test_a_signal_while_a_command_imports_its_libraries_ends_it_in_one_line(work
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_sigterm_while_translate_py_loads_the_run_ends_it_at_once_with_nothing_written(
     workdir, tmp_path):
   (tmp_path / 'input').write_text('A man is riding a bicycle.\n' * 2000, encoding='utf-8')
@@ -418,6 +431,7 @@ def test_sigterm_while_translate_py_loads_the_run_ends_it_at_once_with_nothing_w
   assert os.listdir(tmp_path) == ['input']
 
 
+@pytest.mark.slow
 def test_a_runs_config_that_this_version_refuses_is_named_with_a_fix_in_it(workdir, tmp_path):
   run = tmp_path / 'run'
   shutil.copytree(workdir, run)
@@ -447,6 +461,7 @@ def test_a_runs_config_that_this_version_refuses_is_named_with_a_fix_in_it(workd
   assert not os.path.exists(tmp_path / 'eval')
 
 
+@pytest.mark.slow
 def test_a_line_of_thousands_of_words_is_cut_to_what_the_model_takes_and_named(workdir):
   long = ' '.join(['ab cd ef'] * 2000)
   result = run_script('translate.py', f'--workdir={workdir}', stdin=f'\nab cd\n{long}\n')
@@ -457,6 +472,7 @@ def test_a_line_of_thousands_of_words_is_cut_to_what_the_model_takes_and_named(w
   assert len(result.stdout.splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
   bad, good = tmp_path / 'bad.txt', tmp_path / 'good.txt'
   bad.write_bytes(b'A man.\n\xff\xfe dog\n')
@@ -475,6 +491,7 @@ def test_input_that_is_not_utf8_gets_one_line_naming_it(workdir, tmp_path):
         f'eval.py: {bad}:2: {why}')
 
 
+@pytest.mark.slow
 def test_a_byte_order_mark_changes_nothing_and_a_cut_gzip_file_gets_one_line(workdir, tmp_path):
   sources, references = data.split_texts(stored_config.load_workdir_config(workdir), 'test')
   sources, references = sources[:20], references[:20]
@@ -501,6 +518,7 @@ def test_a_byte_order_mark_changes_nothing_and_a_cut_gzip_file_gets_one_line(wor
       'end-of-stream marker was reached); download or copy it again')
 
 
+@pytest.mark.slow
 def test_gzipped_stdin_translates_as_the_text_and_closed_stdin_or_stdout_get_one_line(workdir):
   text = 'a b\nc d e\n'
   plain = run_script('translate.py', f'--workdir={workdir}', stdin=text)
@@ -519,6 +537,7 @@ def test_gzipped_stdin_translates_as_the_text_and_closed_stdin_or_stdout_get_one
       'translate.py: stdout is closed: give --output=FILE, or leave stdout open')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script,args', [
     ('eval.py', ('--output_dir={tmp}/out',)),
     ('translate.py', ()),
@@ -545,6 +564,7 @@ def test_a_workdir_that_is_a_symlink_loop_gets_one_line(script, args, tmp_path):
   assert os.listdir(tmp_path) == ['loop']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('platform,why', [
     ('tpu', "Unable to initialize backend 'tpu': "),
     ('cuda', 'no installed plugin provides it'),
@@ -566,6 +586,7 @@ def test_a_platform_jax_cannot_start_here_gets_one_line(workdir, tmp_path, platf
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_outputs_through_symbolic_links_replace_their_targets(workdir, tmp_path):
   (tmp_path / 'target.txt').write_text('old\n', encoding='utf-8')
   os.symlink('target.txt', tmp_path / 'translations.txt')
@@ -582,6 +603,7 @@ def test_outputs_through_symbolic_links_replace_their_targets(workdir, tmp_path)
   assert sorted(os.listdir(tmp_path)) == ['eval', 'scores', 'target.txt', 'translations.txt']
 
 
+@pytest.mark.slow
 def test_a_checkpoints_file_where_the_directory_goes_is_named(workdir, tmp_path):
   run = tmp_path / 'run'
   shutil.copytree(workdir, run, ignore=shutil.ignore_patterns('checkpoints'))
@@ -594,6 +616,7 @@ def test_a_checkpoints_file_where_the_directory_goes_is_named(workdir, tmp_path)
   assert sorted(os.listdir(tmp_path)) == ['run']
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path):
   damaged = tmp_path / 'damaged'
   shutil.copytree(workdir, damaged)
@@ -606,6 +629,7 @@ def test_a_damaged_checkpoint_names_its_directory_and_the_fix(workdir, tmp_path)
   assert message.endswith('delete that directory to use checkpoint 75 instead')
 
 
+@pytest.mark.slow
 def test_each_command_applies_the_runs_xla_flags_before_jax_starts(workdir, tmp_path):
   # config.xla_flags reaches XLA only if it is in XLA_FLAGS before the backend starts; a command
   # that starts it first (choosing an implementation, reading a checkpoint) warns instead.

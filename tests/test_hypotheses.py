@@ -13,6 +13,8 @@ from transformer import config as config_lib
 from transformer import stored_config
 from transformer import data
 
+pytestmark = pytest.mark.slow  # each test trains, compiles or runs a command
+
 
 @pytest.fixture
 def workdir(tiny_run):

@@ -14,6 +14,7 @@ from transformer import files, lock
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_a_second_train_py_on_a_workdir_in_use_names_the_first_and_writes_nothing(tmp_path):
   workdir = str(tmp_path / 'run')
   command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
@@ -55,6 +56,7 @@ def two_hosts_refused(workdir: str, env: dict) -> list[str]:
   return [stderr.strip().splitlines()[-1] for stderr in errors]
 
 
+@pytest.mark.slow
 def test_the_hosts_of_a_multi_host_run_all_stop_on_a_held_lock(tmp_path):
   workdir = str(tmp_path / 'run')
   os.mkdir(workdir)

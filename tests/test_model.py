@@ -60,6 +60,7 @@ def test_parameter_counts_match_the_paper(config_arg, paper_millions, ours):
   assert abs(count / 1e6 - paper_millions) / paper_millions < 0.031
 
 
+@pytest.mark.slow
 def test_parameter_count_options():
   base = config_lib.model_config(default.get_config())
   shared = parameter_count(base)
@@ -71,6 +72,7 @@ def test_parameter_count_options():
           == shared + 2 * base.max_positions * base.d_model)
 
 
+@pytest.mark.slow
 def test_the_attention_core_is_flaxs_and_reads_a_decoding_cache_as_it_lies():
   # The one written-out attention (plain path, decoding cache, kernels' fallback): in float32 what
   # flax's nn.dot_product_attention computes, bit for bit, with dropout on the weights too; a cache
@@ -103,6 +105,7 @@ def test_sinusoidal_encoding_is_the_papers_formula():
   np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_parameters_and_logits_dtypes_and_shapes():
   sources, targets = random_tokens(0, (3, 7)), random_tokens(1, (3, 5))
   cfg = SMALL.replace(dtype=jnp.bfloat16)
@@ -112,6 +115,7 @@ def test_parameters_and_logits_dtypes_and_shapes():
   assert logits.shape == (3, 5, SMALL.vocab_size) and logits.dtype == jnp.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', VARIANTS)
 def test_decoder_is_causal(name):
   cfg = VARIANTS[name]
@@ -129,6 +133,7 @@ def test_decoder_is_causal(name):
       assert np.abs(new_logits[:, t + 2:] - logits[:, t + 2:]).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', VARIANTS)
 def test_padding_leaves_real_positions_unchanged(name):
   cfg = VARIANTS[name]
@@ -146,6 +151,7 @@ def test_padding_leaves_real_positions_unchanged(name):
   np.testing.assert_allclose(logits[1, :3], alone[0], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', VARIANTS)
 def test_packed_pairs_equal_separate_pairs(name):
   cfg = VARIANTS[name]
@@ -168,6 +174,7 @@ def test_packed_pairs_equal_separate_pairs(name):
   np.testing.assert_allclose(packed[0, 3:8], model.apply(variables, s2, t2)[0], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', VARIANTS)
 def test_sown_attention_weights_are_the_softmax_each_layer_used(name):
   cfg = VARIANTS[name]
@@ -225,6 +232,7 @@ def test_sown_attention_weights_are_the_softmax_each_layer_used(name):
                              expected.transpose(0, 2, 1, 3)[rows], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', VARIANTS)
 def test_cached_decoding_equals_full_forward(name):
   cfg = VARIANTS[name]
@@ -248,6 +256,7 @@ def test_cached_decoding_equals_full_forward(name):
   assert np.abs(np.stack(steps, axis=1) - full).max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_each_dropout_rate_is_applied_only_when_training():
   sources, targets = random_tokens(0, (2, 6)), random_tokens(1, (2, 5))
   variables = init(SMALL, sources, targets)
@@ -267,6 +276,7 @@ def test_each_dropout_rate_is_applied_only_when_training():
     np.testing.assert_array_equal(evaluation, reference)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_stays_close_to_float32():
   cfg = SMALL.replace(d_model=64, d_ff=256)
   sources, targets = random_tokens(0, (4, 12), cfg.vocab_size), random_tokens(1, (4, 10))
@@ -279,6 +289,7 @@ def test_bfloat16_compute_stays_close_to_float32():
   assert (np.argmax(full, -1) == np.argmax(half, -1)).mean() > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tie_output_embedding', [True, False])
 def test_bfloat16_models_project_to_unrounded_float32_logits(tie_output_embedding):
   # bfloat16 logits would be off by up to 2^-9 of their size: beam scores and the loss rounded.
@@ -296,6 +307,7 @@ def test_bfloat16_models_project_to_unrounded_float32_logits(tie_output_embeddin
   assert np.abs(logits - rounded).max() > 1e-4  # not bfloat16 logits
 
 
+@pytest.mark.slow
 def test_a_bfloat16_model_projects_float32_states_with_a_float32_table_when_told():
   # output_projection_dtype='float32': the decoder's output cast to float32 and multiplied by the
   # unrounded table, as flax's examples/wmt projects; by default the table rounded to bfloat16.
@@ -315,6 +327,7 @@ def test_a_bfloat16_model_projects_float32_states_with_a_float32_table_when_told
   assert np.abs(logits - np.asarray(states, np.float64) @ rounded_table.T).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_bfloat16_models_sum_embedding_gradients_in_float32():
   # 4096 lookups of one token: their gradient rows summed in bfloat16 drift by several percent,
   # while each row is rounded to bfloat16 alone (2^-9) when the sum is in float32.
@@ -334,6 +347,7 @@ def test_bfloat16_models_sum_embedding_gradients_in_float32():
   assert np.linalg.norm(grad[5] - want) / np.linalg.norm(want) < 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layer_norm', ['post', 'pre'])
 def test_training_on_a_copy_task_lowers_the_loss(layer_norm):
   cfg = SMALL.replace(layer_norm=layer_norm, dropout_rate=0.1, deterministic=False)

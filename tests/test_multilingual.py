@@ -122,6 +122,7 @@ def test_multi30k_takes_pairs_joined_by_plus():
     config_lib.validate(config)
 
 
+@pytest.mark.slow
 def test_training_evaluates_each_pair_apart_and_plots_them(tasks_run):
   rows = [json.loads(line) for line in open(f'{tasks_run}/metrics.jsonl', encoding='utf-8')]
   evaluated = sorted((row['step'], row['pair'], 'sacrebleu' in row) for row in rows
@@ -138,6 +139,7 @@ def test_training_evaluates_each_pair_apart_and_plots_them(tasks_run):
   assert {'tasks (validation xx-cp)', 'tasks (validation xx-up)'} <= labels
 
 
+@pytest.mark.slow
 def test_the_target_language_steers_translation_and_scoring(tasks_run, text_dir, tmp_path):
   sources = synthetic.pairs('test')[0][:40]
   path = tmp_path / 'sources.txt'
@@ -172,6 +174,7 @@ def test_the_target_language_steers_translation_and_scoring(tasks_run, text_dir,
       hypotheses, [[TASKS['up'](s) for s in synthetic.pairs('test')[0]]]).score)
 
 
+@pytest.mark.slow
 def test_a_missing_or_unknown_target_language_gets_one_line(tasks_run, tiny_run, tmp_path):
   path = tmp_path / 'sources.txt'
   path.write_text('abc de\n', encoding='utf-8')

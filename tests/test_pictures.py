@@ -13,6 +13,8 @@ from conftest import error_line, run_script
 from transformer import data, plots
 from transformer import stored_config
 
+pytestmark = pytest.mark.slow  # each test trains, compiles or runs a command
+
 
 def assert_picture(path):
   """A PNG of some size whose pixels are not all one colour."""

@@ -109,6 +109,7 @@ def test_a_store_left_incomplete_is_written_again(text_run, caplog):
                                            'target_lengths.npy', 'target_tokens.npy']
 
 
+@pytest.mark.slow
 def test_prepare_then_a_run_reads_the_vocabulary_and_token_ids(tmp_path, caplog):
   """prepare.py on dataset='text' files; a run in a new workdir then prepares nothing."""
   prepared = tmp_path / 'prepared'
@@ -205,6 +206,7 @@ def test_a_failed_multi30k_download_names_the_files_to_fetch_by_hand(tmp_path, m
       'directory DIR; pass --config.manual_dir=DIR')
 
 
+@pytest.mark.slow
 def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):
   result = run_script('prepare.py', '--config=configs/tiny.py', '--config.dataset=text',
                       f'--config.train_files={tmp_path}/absent.{{lang}}')
@@ -217,6 +219,7 @@ def test_prepare_py_says_what_is_wrong_in_one_line(tmp_path):
                                 'directory (a file of that name exists); give a directory path')
 
 
+@pytest.mark.slow
 def test_a_read_only_prepared_data_directory_gets_one_line(tmp_path):
   line = (re.escape("config.tfds_data_dir='/sys': prepared data cannot be written there "
                     '(/sys/vocabularies/') + r'\w+' +
@@ -233,6 +236,7 @@ def test_a_read_only_prepared_data_directory_gets_one_line(tmp_path):
   assert sorted(os.listdir(tmp_path / 'run')) == ['config.json', 'run.lock']
 
 
+@pytest.mark.slow
 def test_processes_preparing_one_dataset_at_once_wait_for_each_other(tmp_path, multi30k_dir):
   """Hosts, or two commands, that share a fresh tfds_data_dir: one prepares Multi30k while the
   others wait, then read it; TFDS alone fails all but the first to finish."""

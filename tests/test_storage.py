@@ -115,6 +115,7 @@ def test_a_write_that_fails_in_a_bucket_publishes_nothing(emulator_env):
   assert [p.name for p in path.parent.iterdir()] == ['scores.json']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', ['no route', 'unknown host', 'no gcsfs'])
 def test_a_bucket_out_of_reach_gets_one_line(case, tmp_path):
   """Else gcsfs retries for ~90 s, logging a traceback at each try, or an ImportError ends it."""
@@ -142,6 +143,7 @@ def test_a_bucket_out_of_reach_gets_one_line(case, tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_a_workdir_in_a_bucket_is_held_by_one_run_at_a_time(emulator_env):
   workdir = f'{BUCKET}/runs/held'
   with lock.hold(workdir):
@@ -153,6 +155,7 @@ def test_a_workdir_in_a_bucket_is_held_by_one_run_at_a_time(emulator_env):
   assert not epath.Path(f'{workdir}/{lock.LOCK_FILE}').exists()  # released: removed
 
 
+@pytest.mark.slow
 def test_the_hosts_of_a_multi_host_run_all_stop_on_a_held_bucket_lock(emulator_env):
   workdir = f'{BUCKET}/runs/held_by_two_hosts'
   with lock.hold(workdir):

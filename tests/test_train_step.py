@@ -117,6 +117,7 @@ def _max_difference(a, b):
                                                           jax.tree_util.tree_leaves(b)))
 
 
+@pytest.mark.slow
 def test_one_device_and_four_devices_make_the_same_update():
   assert jax.local_device_count() >= 4, 'tests/conftest.py asks XLA for 4 CPU devices'
   config, implementations, state, batch = _setup()
@@ -131,6 +132,7 @@ def test_one_device_and_four_devices_make_the_same_update():
   assert _max_difference(one.params, four.params) < 1e-3 * update
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('reduction,chunk', [('separate', 16), ('online', None), ('online', 16)])
 def test_each_loss_reduction_makes_the_update_of_the_models_logits(reduction, chunk):
   """How the loss reads the logits (transformer/kernels/loss.py) changes nothing in the step's
@@ -151,6 +153,7 @@ def test_each_loss_reduction_makes_the_update_of_the_models_logits(reduction, ch
   assert _max_difference(separate.params, other.params) < 1e-3 * update
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_doubled_batch():
   config, implementations, state, batch = _setup()
   steps = train_step.StepFunctions(config, implementations)
@@ -164,6 +167,7 @@ def test_gradient_accumulation_equals_the_doubled_batch():
   assert _max_difference(whole.params, spread.params) < 1e-3 * update
 
 
+@pytest.mark.slow
 def test_a_non_finite_gradient_leaves_the_state_unchanged():
   config, implementations, state, batch = _setup()
   steps = train_step.StepFunctions(config, implementations)
@@ -178,6 +182,7 @@ def test_a_non_finite_gradient_leaves_the_state_unchanged():
   assert int(new_state.step[0]) == 0
 
 
+@pytest.mark.slow
 def test_the_reported_gradient_norm_is_the_norm_of_the_normalised_gradients():
   """The step takes the norm of the packed gradients, divided by the token count after: optax's
   norm of the per-token gradients, array by array, to float32 rounding."""
@@ -218,6 +223,7 @@ def test_the_packed_state_is_three_vectors_and_scalars_and_unpacks_to_the_trees(
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_a_step_on_the_packed_state_makes_adams_update_of_the_trees():
   config, implementations, state, batch = _setup()
   steps = train_step.StepFunctions(config, implementations)

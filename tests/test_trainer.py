@@ -121,6 +121,7 @@ TRAIN_STEP_TRACES = []  # the thread of each trace of the training step
 TRACES_BEFORE_COMPILE_AHEAD = []  # traces of the training step before compile_ahead, at each call
 
 
+@pytest.mark.slow
 def test_evaluation_programs_compile_on_a_thread_while_training_runs(full_run):
   """The validation loss step and both splits' beam searches: each compiled once, ahead, after
   the first training step (lowered from the start, while that step compiles alone)."""
@@ -233,6 +234,7 @@ def test_the_compilation_cache_key_keeps_compiled_programs(tmp_path):
   assert len(os.listdir(cache)) >= 3  # at least initialisation, the train step and a beam search
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
   assert re.search(r'training step compiled and dispatched in \d+\.\d s',
@@ -247,6 +249,7 @@ def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   assert [r['step'] for r in rows if 'split' not in r] == [20, 40, 50, 60, 80, 100]
 
 
+@pytest.mark.slow
 def test_a_run_preempted_off_its_schedule_averages_what_an_uninterrupted_one_does(full_run,
                                                                                    tmp_path,
                                                                                    monkeypatch):
@@ -276,6 +279,7 @@ def test_a_run_preempted_off_its_schedule_averages_what_an_uninterrupted_one_doe
   assert max_difference(resumed, uninterrupted) == 0.0
 
 
+@pytest.mark.slow
 def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_path):
   workdir = os.path.join(str(tmp_path), 'run')
   shutil.copytree(full_run, workdir)
@@ -334,6 +338,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', ['terminal', 'ignored'])
 def test_a_second_ctrl_c_ends_at_once_and_an_ignored_one_stays_ignored(case):
   process = popen_as_from_a_terminal([sys.executable, '-c', _TWO_CTRL_C, case], cwd=ROOT,
@@ -377,6 +382,7 @@ runpy.run_path('train.py', run_name='__main__')
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('phase, said', [
     ('preparing', 'stopped before training: nothing new to save, and the files prepared so far '
      'are whole'),
@@ -408,6 +414,7 @@ def test_a_signal_while_there_is_nothing_to_save_ends_the_run_at_once(tmp_path, 
     assert Checkpoints(workdir).all_steps() == [2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, tmp_path, signum):
   # A BLEU evaluation at step 30, one sentence per beam-search call: long enough to be cut.
@@ -451,6 +458,7 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tm
   assert max_difference(restore(workdir, 50)[0], good) == 0.0
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
   result = run_train(str(tmp_path), '--config.lr_scale=1e30', '--config.num_train_steps=5',
                      expect_ok=False)
@@ -488,6 +496,7 @@ def test_a_run_resumed_at_or_past_its_last_step_trains_nothing_and_changes_nothi
   assert Checkpoints(str(workdir), 3).all_steps() == [50, 100]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('splits', ['test', ''])
 def test_the_closing_bleu_scores_the_final_bleu_splits_only(tmp_path, splits):
   """A quick check of a set-up (a few steps) can leave out the closing BLEU, which an untrained
@@ -545,6 +554,7 @@ def test_a_workdir_that_takes_no_file_is_named_before_anything_is_written():
     train_in_process('/sys')  # read-only for root too
 
 
+@pytest.mark.slow
 def test_a_start_that_failed_on_its_data_binds_nothing(tmp_path):
   workdir = str(tmp_path / 'run')
   with pytest.raises(data.DataError, match="config.dataset='no_such/de-en': no such TFDS"):
@@ -560,7 +570,8 @@ def test_a_start_that_failed_on_its_data_binds_nothing(tmp_path):
     train_in_process(workdir, dataset='no_such/de-en')
 
 
-@pytest.mark.parametrize('damage', ['truncate', pytest.param('delete', marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize('damage', ['truncate', 'delete'])
 def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, tmp_path, damage):
   workdir = os.path.join(str(tmp_path), 'run')
   shutil.copytree(full_run, workdir)
@@ -580,6 +591,7 @@ def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, t
   assert 'resumed from step 50' in train_in_process(workdir, num_train_steps=60)
 
 
+@pytest.mark.slow
 def test_accumulating_gradients_traces_each_program_once(tmp_path, monkeypatch):
   """The micro-batches' programs are lowered before the first update and not traced again: the
   gradients' function twice, by its own program and inside the accumulating one."""
@@ -643,6 +655,7 @@ def test_after_a_failed_save_its_write_tasks_collected_later_log_nothing(tmp_pat
   assert not [record for record in caplog.records if record.name == 'asyncio']
 
 
+@pytest.mark.slow
 def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp_path):
   workdir = str(tmp_path / 'run')
   schedule = ('--config.checkpoint_every_steps=20', '--config.eval_every_steps=0')
@@ -664,6 +677,7 @@ def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoi
   assert sorted(os.listdir(directory), key=int) == ['40', '60']  # keep_checkpoints=2
 
 
+@pytest.mark.slow
 def test_a_tensorboard_write_that_fails_stops_the_run_in_one_line(tmp_path):
   workdir = str(tmp_path / 'run')
   schedule = ('--config.checkpoint_every_steps=0', '--config.eval_every_steps=0',

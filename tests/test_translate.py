@@ -40,6 +40,7 @@ def untrained_translator(workdir) -> tuple[translate.Translator, dict, list[str]
   return translate.Translator(config, vocab, beam_size=3, alpha=0.6), params, sentences
 
 
+@pytest.mark.slow
 def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   translator, params, sentences = untrained_translator(tmp_path)
   outputs = {}
@@ -56,6 +57,7 @@ def test_translations_do_not_depend_on_how_sentences_are_batched(tmp_path):
   assert outputs[LENGTH_STEP] == outputs[4096]
 
 
+@pytest.mark.slow
 def test_an_empty_or_blank_line_translates_to_an_empty_line(tmp_path):
   translator, params, sentences = untrained_translator(tmp_path)
   alone = translator.translate(params, sentences[:2])
@@ -64,6 +66,7 @@ def test_an_empty_or_blank_line_translates_to_an_empty_line(tmp_path):
       '', alone[0], '', alone[1], '']
 
 
+@pytest.mark.slow
 def test_the_programs_to_compile_ahead_are_the_searches_translating_takes(tmp_path):
   translator, params, sentences = untrained_translator(tmp_path)
   translator.tokens_per_device = 2 * LENGTH_STEP  # several calls, of several shapes
@@ -79,6 +82,7 @@ def test_the_programs_to_compile_ahead_are_the_searches_translating_takes(tmp_pa
   assert sorted(translator.programs.compiled) == sorted(keys)  # translating compiled no more
 
 
+@pytest.mark.slow
 def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path, monkeypatch):
   # Two hosts played one after the other in this process, each with this process's devices; the
   # all-gather is played back from what the first round of both hosts left.
@@ -120,6 +124,7 @@ def test_hosts_each_translate_their_part_of_every_call_and_all_get_all(tmp_path,
       np.testing.assert_allclose(got[2], want[2], rtol=1e-6)  # batched with other sentences
 
 
+@pytest.mark.slow
 def test_a_line_longer_than_the_model_takes_is_cut_with_a_warning_naming_it(tmp_path, caplog):
   config = config_lib.validate(tiny.get_config())
   limit = config.max_length

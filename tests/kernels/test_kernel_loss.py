@@ -13,6 +13,7 @@ from transformer.model import Transformer, TransformerConfig, output_table, proj
 pytestmark = pytest.mark.usefixtures('float32_matmuls')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scale', [1.0, 30.0])  # 30: exp(logit) overflows float32 unshifted
 def test_online_sums_equal_the_separate_passes_with_their_gradients(scale):
   """One variadic pass gives `token_sums`'s values, and its written-out gradient autodiff's, for
@@ -56,6 +57,7 @@ def _sums_and_grads(sums_fn, states, table):
   return sums, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('reduction,chunk', [
     (reduction, chunk) for reduction in ('separate', 'online')
     for chunk in (1, 7, 32, 120, 1000, None)])  # None: all at once
@@ -77,6 +79,7 @@ def test_chunked_projection_gives_the_full_logits_sums_and_gradients(chunk, real
     assert float(got['tokens']) == 0 and not np.any(got_grads[0]) and not np.any(got_grads[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('reduction,chunk', [('separate', 16), ('online', None)])
 def test_chunked_sums_without_gradients_and_under_a_scaled_loss(reduction, chunk):
   """The forward-only path (evaluation) and a loss scaled after the sums (normalisation)."""
@@ -102,6 +105,7 @@ def test_only_the_loss_carries_a_gradient(reduction, chunk):
     assert not np.any(grad), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', [
     {}, {'share_embeddings': False}, {'tie_output_embedding': False}, {'dtype': jnp.bfloat16}])
 def test_projection_of_the_decoder_output_is_the_models_logits(variant):

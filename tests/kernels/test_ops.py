@@ -27,6 +27,7 @@ def init(cfg, sources, targets, seed=0):
   return Transformer(cfg).init(jax.random.key(seed), sources, targets)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('implementation,dtype,tolerance', [
     pytest.param('cudnn', jnp.bfloat16, (0.05, 0.03), marks=pytest.mark.skipif(
         not Machine.here().runs_fused_kernels,
@@ -69,6 +70,7 @@ def test_fused_attention_computes_what_xla_attention_does(implementation, dtype,
     assert np.linalg.norm(got - want) <= tolerance[1] * np.linalg.norm(want) + 1e-6, path
 
 
+@pytest.mark.slow
 def test_attention_projections_as_matrices_compute_what_the_head_axes_do():
   # attention_projection='matrix' multiplies by the kernels as matrices ([..., d_model] by
   # [d_model, heads * depth], [..., heads * depth] by [heads * depth, d_model]): the same
@@ -90,6 +92,7 @@ def test_attention_projections_as_matrices_compute_what_the_head_axes_do():
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_relu_and_its_gradient_are_jaxs(dtype):
   # The feed-forward ReLU takes its derivative from its output (so XLA can fuse it into the
@@ -104,6 +107,7 @@ def test_relu_and_its_gradient_are_jaxs(dtype):
   assert ours[1][0] == ours[1][1] == ours[1][3] == 0 and ours[1][2] == weights[2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize('impl', [hash_rng.IMPL, 'threefry2x32'])
 def test_dropout_and_its_gradient_are_flaxs_with_the_mask_drawn_again(dtype, impl, capsys):
@@ -142,6 +146,7 @@ def test_top_k_by_blocks_is_lax_top_k_ties_included(rows, n, k, block):
     np.testing.assert_array_equal(indices, want_indices)
 
 
+@pytest.mark.slow
 def test_a_kernel_replacing_the_plain_attention_says_so_once(monkeypatch):
   # Logged when traced: once that the Pallas kernels replace model.dot_product_attention, once
   # that rows longer than they take run the plain form, whatever the layers and calls.

@@ -28,6 +28,7 @@ SEGMENTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize('kind,causal', [('self', False), ('self', True), ('cross', False)])
 @pytest.mark.parametrize('backward_rows', [0, 16])  # self-attention's backward: 1 or 2 blocks
