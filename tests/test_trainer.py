@@ -772,7 +772,7 @@ def test_two_hosts_with_two_devices_each_equal_one_host_with_four(tmp_path):
   # Length buckets: packed rows give the same batches too (test_data.py, losses equal), but the
   # updates differ by more rounding, which Adam (eps 1e-9) lifted to 8.6e-4 in some weights.
   settings = dict(num_train_steps=10, checkpoint_every_steps=10, eval_every_steps=10,
-                  packing=False)
+                  packing=False, final_bleu_splits='test')
   overrides = [f'--config.{key}={value}' for key, value in settings.items()]
   single = str(tmp_path / 'single')
   train_in_process(single, **settings)
