@@ -293,6 +293,8 @@ KEYS = {
     'xla_flags': Key(_xla_flags, added=''),
 }
 GROUPS = ('model', 'implementation')
+
+
 def _check_relations(config: ml_collections.ConfigDict):
   """What the keys must be together."""
   d_model, num_heads = config.model.d_model, config.model.num_heads
