@@ -397,7 +397,7 @@ def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_we
   tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
   config = tiny.get_config()
   config.init_from = directory
-  config_lib.with_imported_model(config)
+  marian.with_imported_model(config)
   assert (config.vocab_size, config.model.activation, config.model.layer_norm_epsilon) == (
       hf.config.vocab_size, 'swish', 1e-5)
   params = train_step.initial_state(config).params

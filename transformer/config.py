@@ -17,7 +17,6 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
-from transformer import marian
 from transformer.model import TransformerConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -399,27 +398,6 @@ def model_config(config: ml_collections.ConfigDict, implementations=None) -> Tra
     model.update(attention_implementation=implementations.attention,
                  attention_projection=implementations.attention_projection)
   return TransformerConfig(vocab_size=config.vocab_size, **model)
-
-
-def with_imported_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` (changed in place) with the architecture and vocab_size of config.init_from's
-  Marian model, if set; its dropout rates stay the config's.
-
-  Raises:
-    ConfigError: config.init_from is not a Marian directory this model can represent; the message
-      names the file or field.
-  """
-  if not config.init_from:
-    return config
-  try:
-    imported = marian.check_directory(config.init_from)
-    keys = marian.model_keys(imported)
-  except marian.MarianError as error:
-    raise ConfigError(f'config.init_from={config.init_from!r}: {error}') from None
-  config.model.update({key: value for key, value in keys.items()
-                       if key not in marian.TRAINING_KEYS})
-  config.vocab_size = imported['vocab_size']
-  return config
 
 
 def compound_split(config: ml_collections.ConfigDict, target_lang: str) -> bool:

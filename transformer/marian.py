@@ -22,11 +22,13 @@ import json
 import os
 
 import jax
+import ml_collections
 import numpy as np
 import yaml
 from etils import epath
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from transformer import config as config_lib
 from transformer.model import Transformer, TransformerConfig
 
 # transformers' modeling_marian builds its LayerNorms with torch's default epsilon.
@@ -343,6 +345,26 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
     return load_file(path)
   except (SafetensorError, OSError, ValueError) as error:
     raise MarianError(f'{path} cannot be read ({error})') from None
+
+
+def with_imported_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` (changed in place) with the architecture and vocab_size of config.init_from's
+  Marian model, if set; its dropout rates stay the config's.
+
+  Raises:
+    config_lib.ConfigError: config.init_from is not a Marian directory this model can represent;
+      the message names the file or field.
+  """
+  if not config.init_from:
+    return config
+  try:
+    imported = check_directory(config.init_from)
+    keys = model_keys(imported)
+  except MarianError as error:
+    raise config_lib.ConfigError(f'config.init_from={config.init_from!r}: {error}') from None
+  config.model.update({key: value for key, value in keys.items() if key not in TRAINING_KEYS})
+  config.vocab_size = imported['vocab_size']
+  return config
 
 
 def import_params(directory: str, model: TransformerConfig) -> dict:

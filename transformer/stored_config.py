@@ -15,7 +15,7 @@ from etils import epath
 from transformer import marian
 from transformer.checkpoints import CHECKPOINTS_DIR
 from transformer.config import (KEYS, MISSING, ConfigError, SettingError, check_resume,
-                                parent_of, validate, with_imported_model)
+                                parent_of, validate)
 from transformer.data import vocabulary
 from transformer.files import write_atomically
 
@@ -131,7 +131,7 @@ def marian_directory_config(directory: str,
     ConfigError: the directory holds a model or a setting this codebase cannot take; named.
   """
   config.init_from = directory
-  with_imported_model(config)
+  marian.with_imported_model(config)
   config.model.dtype = 'float32'
   try:
     config.update(marian.decoding_keys(directory))

@@ -23,7 +23,7 @@ from etils import epath
 
 from transformer import config as config_lib
 from transformer import stored_config
-from transformer import data, lock, metrics, train_step
+from transformer import data, lock, marian, metrics, train_step
 from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, on_schedule,
                                     state_shapes)
 from transformer.evaluator import Evaluator, final_bleu, final_bleu_splits
@@ -41,7 +41,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       can be known); the message names it.
     metrics.TrainingError: the loss stopped being finite; the message says at which step.
   """
-  config_lib.validate(config_lib.with_imported_model(config))
+  config_lib.validate(marian.with_imported_model(config))
   # The implementations are chosen first: a config this machine cannot run leaves the workdir as
   # it was.
   step_fns = train_step.StepFunctions(config, choice.for_this_machine(config))
