@@ -285,7 +285,7 @@ def test_resuming_on_another_device_count_warns_of_other_batches(full_run, tmp_p
   shutil.copytree(full_run, workdir)
   shutil.rmtree(os.path.join(workdir, 'checkpoints', '100'))
   # The device count from config.xla_flags, which train.py adds to XLA_FLAGS before JAX starts.
-  result = run_train(workdir, '--config.num_train_steps=51',
+  result = run_train(workdir, '--config.num_train_steps=51', '--config.final_bleu_splits=',
                      '--config.xla_flags=--xla_force_host_platform_device_count=2', devices=None)
   assert ('checkpoint 50 was written on 4 devices, this run has 2: the resumed run sees other '
           'batches') in result.stderr
@@ -588,7 +588,8 @@ def test_a_damaged_latest_checkpoint_names_its_directory_and_the_fix(full_run, t
   assert message.startswith(f'{step_dir} cannot be read, a file in it is damaged or missing (')
   assert message.endswith('delete that directory to use checkpoint 50 instead')
   shutil.rmtree(step_dir)  # as the message says
-  assert 'resumed from step 50' in train_in_process(workdir, num_train_steps=60)
+  assert 'resumed from step 50' in train_in_process(workdir, num_train_steps=60,
+                                                    final_bleu_splits='')
 
 
 @pytest.mark.slow
