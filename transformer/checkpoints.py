@@ -378,6 +378,17 @@ def average(trees: list):
   return jax.tree_util.tree_map(lambda t, x: (t / len(trees)).astype(x.dtype), total, trees[0])
 
 
+def latest_step(workdir: str) -> int | None:
+  """The step of the newest checkpoint in `workdir`, or None."""
+  if not epath.Path(workdir, CHECKPOINTS_DIR).is_dir():
+    return None
+  checkpoints = Checkpoints(workdir, read_only=True)
+  try:
+    return checkpoints.latest_step()
+  finally:
+    checkpoints.close()
+
+
 def state_shapes(config):
   """The shapes of a run's checkpointed state, computed without allocating it.
 

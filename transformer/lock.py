@@ -16,10 +16,12 @@ import threading
 import time
 import uuid
 
+import jax
 from absl import logging
 from etils import epath
 
 from transformer import files
+from transformer.preemption import agree
 
 LOCK_FILE = 'run.lock'  # in a workdir
 REFRESH_SECS = 60
@@ -111,20 +113,32 @@ class _ObjectLock:
 
 @contextlib.contextmanager
 def hold(workdir: str):
-  """Holds `<workdir>/run.lock` for the block; the directory must exist.
+  """Holds `<workdir>/run.lock` for the block, process 0 for every host; the directory must exist.
 
   Raises:
-    LockedError: another run holds it; the message names that run (host, pid, start) and what
-      to do.
+    LockedError: another run holds it (on every host); the message names that run (host, pid,
+      start) and what to do.
     files.DirectoryError: the lock file cannot be made (a directory in its place, no permission).
   """
-  path = epath.Path(workdir) / LOCK_FILE
-  try:
-    lock = (_ObjectLock if files.is_remote(workdir) else _KernelLock)(path, workdir)
-  except OSError as error:
-    raise files.DirectoryError(f'--workdir: {path} cannot be made the run\'s lock '
-                               f'({error.strerror or error}); move it away') from None
+  lock = error = None
+  if jax.process_index() == 0:
+    try:
+      lock = _take(epath.Path(workdir) / LOCK_FILE, workdir)
+    except LockedError as locked:
+      error = locked
+  if agree(error is not None)[0]:
+    raise error or LockedError(f'{workdir} is in use by another run (process 0 says which)')
   try:
     yield
   finally:
-    lock.release()
+    if lock is not None:
+      lock.release()
+
+
+def _take(path: epath.Path, workdir: str):
+  """The lock at `path`: the kernel's on a local disk, an object in a bucket."""
+  try:
+    return (_ObjectLock if files.is_remote(workdir) else _KernelLock)(path, workdir)
+  except OSError as error:
+    raise files.DirectoryError(f'--workdir: {path} cannot be made the run\'s lock '
+                               f'({error.strerror or error}); move it away') from None

@@ -10,7 +10,6 @@ The only module besides checkpoints.py that touches the workdir:
 """
 
 import concurrent.futures
-import contextlib
 import itertools
 import os
 import time
@@ -24,8 +23,8 @@ from etils import epath
 from transformer import config as config_lib
 from transformer import stored_config
 from transformer import data, lock, marian, metrics, train_step
-from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, local_copy, on_schedule,
-                                    state_shapes)
+from transformer.checkpoints import (CHECKPOINTS_DIR, Checkpoints, latest_step, local_copy,
+                                    on_schedule, state_shapes)
 from transformer.evaluator import Evaluator, final_bleu, final_bleu_splits
 from transformer.files import DirectoryError, check_writable, make_directory
 from transformer.kernels import choice, packing
@@ -47,8 +46,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   step_fns = train_step.StepFunctions(config, choice.for_this_machine(config))
   make_directory(workdir, '--workdir')
   _check_workdir(workdir)
-  with _sole_run(workdir):
-    latest = _latest_step(workdir)
+  with lock.hold(workdir):
+    latest = latest_step(workdir)
     # Nothing to train: the run changes nothing, and its config.json still gives the steps
     # eval.py averages.
     finished = latest is not None and latest >= config.num_train_steps
@@ -153,34 +152,6 @@ def _check_workdir(workdir: str):
     if path.exists() and not path.is_dir():
       raise DirectoryError(f'--workdir: {path} is a file where train.py keeps a directory; move '
                            'it away')
-
-
-@contextlib.contextmanager
-def _sole_run(workdir: str):
-  """Holds the workdir's lock (process 0's) for the block; every process stops where another run
-  holds it."""
-  with contextlib.ExitStack() as held:
-    error = None
-    if jax.process_index() == 0:
-      try:
-        held.enter_context(lock.hold(workdir))
-      except lock.LockedError as locked:
-        error = locked
-    if agree(error is not None)[0]:
-      raise error or lock.LockedError(f'{workdir} is in use by another run (process 0 says '
-                                      'which)')
-    yield
-
-
-def _latest_step(workdir: str) -> int | None:
-  """The step of the workdir's newest checkpoint, or None."""
-  if not epath.Path(workdir, CHECKPOINTS_DIR).is_dir():
-    return None
-  checkpoints = Checkpoints(workdir, read_only=True)
-  try:
-    return checkpoints.latest_step()
-  finally:
-    checkpoints.close()
 
 
 def _prepare(config: ml_collections.ConfigDict, workdir: str) -> tuple:
