@@ -142,42 +142,6 @@ def allowed(ids, at_limit):
   return (ids != PAD_ID) & ~(at_limit & (ids != EOS_ID))
 
 
-def best_continuations(logits, live_log_probs, at_limit, k: int):
-  """The k best allowed continuations of each sentence's live hypotheses.
-
-  `lax.top_k` over `live_log_probs + log_softmax(logits)` [batch, beam * vocab], without that
-  array: each beam's row differs from its log-probabilities by one constant, so the k best of
-  the row hold the beam's share of the k best, and only those k are normalized. The [rows,
-  vocab] log-probabilities and candidates are then never written: passes that, on CPUs, took
-  about as long as the rest of the step outside the output projection.
-
-  Args:
-    logits: [batch * beam, vocab] float32, rows of one sentence next to each other.
-    live_log_probs: [batch, beam] the live hypotheses' log-probabilities.
-    at_limit: [batch, 1, 1] True where only EOS may come next (`allowed`).
-    k: how many.
-
-  Returns:
-    (log-probabilities [batch, k] of the hypotheses extended, descending, disallowed tokens at
-    live + NEG_INF; their beams [batch, k]; their tokens [batch, k]), in lax.top_k's order, ties
-    to the lower beam then token, but for log-probabilities that round equal from unequal logits.
-  """
-  batch, beam = live_log_probs.shape
-  logits = logits.reshape(batch, beam, -1)
-  vocab = logits.shape[-1]
-  # log_softmax's own arithmetic (jax.nn.log_softmax), for the k best only.
-  row_max = logits.max(-1, keepdims=True)
-  log_sum = jnp.log(jnp.exp(logits - row_max).sum(-1, keepdims=True))
-  ranked = jnp.where(allowed(jnp.arange(vocab), at_limit), logits, -jnp.inf)
-  row_k = min(k, vocab)
-  values, tokens = kernels.top_k(ranked.reshape(batch * beam, vocab), row_k)  # lax.top_k's
-  values, tokens = values.reshape(batch, beam, row_k), tokens.reshape(batch, beam, row_k)
-  log_probs = jnp.where(allowed(tokens, at_limit), (values - row_max) - log_sum, NEG_INF)
-  best, position = jax.lax.top_k((live_log_probs[:, :, None] + log_probs).reshape(batch, -1), k)
-  token = jnp.take_along_axis(tokens.reshape(batch, -1), position, axis=1)
-  return best, position // row_k, token
-
-
 @functools.partial(jax.jit, static_argnames=('config', 'beam_size', 'alpha', 'extra_length',
                                              'cache_stage', 'nbest'))
 def beam_search(config: TransformerConfig, params, sources, beam_size: int = 4, alpha: float = 0.6,
@@ -228,9 +192,12 @@ def search(decoder, limits, beam_size: int, alpha: float, stage_ends: list[int],
                                         keepdims=False)
     last = jnp.where(position == 0, 0, last)  # the start symbol
     logits, cache = decoder.logits(cache, last.reshape(-1))
-    # 2 * beam candidates always leave at least `beam` that do not end with EOS.
-    top_log_probs, top_beams, top_tokens = best_continuations(
-        logits, live_log_probs, (position + 1 >= limits)[:, None, None], 2 * beam_size)
+    # The 2 * beam best of live_log_probs + log_softmax(logits) over each sentence's beams and
+    # allowed tokens (always at least `beam` that do not end with EOS), beam and token apart.
+    at_limit = (position + 1 >= limits)[:, None, None]
+    allowed_tokens = allowed(jnp.arange(logits.shape[-1]), at_limit)
+    top_log_probs, top_beams, top_tokens = kernels.best_continuations(
+        logits, live_log_probs, allowed_tokens, 2 * beam_size, NEG_INF)
     top_sequences = _gather_beams(live_tokens, top_beams)
     top_sequences = jax.lax.dynamic_update_index_in_dim(top_sequences, top_tokens, position, 2)
     ends = top_tokens == EOS_ID

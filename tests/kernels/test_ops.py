@@ -146,6 +146,29 @@ def test_top_k_by_blocks_is_lax_top_k_ties_included(rows, n, k, block):
     np.testing.assert_array_equal(indices, want_indices)
 
 
+@pytest.mark.parametrize('beam,vocab,k', [(4, 16000, 8), (3, 37, 6), (64, 4, 128)])
+def test_best_continuations_are_top_k_over_every_normalized_candidate(beam, vocab, k):
+  batch, rng = 5, np.random.default_rng(vocab)
+  logits = rng.normal(size=(batch * beam, vocab)).astype(np.float32) * 4
+  logits[:beam] = logits[0]  # a first step: every beam the same row, all but one empty
+  live = rng.normal(size=(batch, beam)).astype(np.float32) - 10
+  live[0, 1:] = decode.NEG_INF
+  at_limit = np.array([False, True, False, True, False])[:, None, None]
+  allowed = decode.allowed(np.arange(vocab), at_limit)
+  best, beams, tokens = jax.jit(kernels.best_continuations, static_argnums=(3, 4))(
+      logits, live, allowed, k, decode.NEG_INF)
+
+  log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, vocab)
+  candidates = live[:, :, None] + np.where(allowed, log_probs, decode.NEG_INF)
+  want_best, want_ids = jax.lax.top_k(candidates.reshape(batch, -1), k)
+  np.testing.assert_array_equal(beams, want_ids // vocab)
+  np.testing.assert_array_equal(tokens, want_ids % vocab)
+  np.testing.assert_allclose(best, want_best, rtol=1e-6)
+  # At the limit only EOS, once per live beam, then disallowed tokens at live + NEG_INF.
+  assert (np.asarray(tokens[1, :beam]) == decode.EOS_ID).all()
+  assert (np.asarray(best[1, beam:]) < decode.NEG_INF / 2).all()
+
+
 @pytest.mark.slow
 def test_a_kernel_replacing_the_plain_attention_says_so_once(monkeypatch):
   # Logged when traced: once that the Pallas kernels replace model.dot_product_attention, once
