@@ -32,7 +32,7 @@ import time
 from absl import app, flags, logging
 
 from configs import default
-from transformer import bleu, checkpoints, commands, data, files, marian, translate
+from transformer import bleu, checkpoints, commands, data, files, languages, marian, translate
 from transformer import config as config_lib
 from transformer import stored_config
 
@@ -65,7 +65,7 @@ def evaluation_texts(config, pair) -> tuple[list[str], list[str], str]:
                       'the target language: add "language: [SOURCE, TARGET]" (e.g. [en, de]) '
                       'between "---" lines at its top')
   if _SOURCE_FILE.value is None:
-    into = [f'{source}-{target}' for source, target in config_lib.language_pairs(config)
+    into = [f'{source}-{target}' for source, target in languages.pairs(config)
             if pair and target == pair[1]]
     if len(into) > 1:
       raise EvalError(f'--target_lang={pair[1]}: the run translates {" and ".join(into)}, and a '

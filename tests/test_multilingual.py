@@ -11,7 +11,7 @@ import sacrebleu
 from configs import multi30k, tiny
 from conftest import error_line, run_script, train_in_process
 from transformer import config as config_lib
-from transformer import data, plots
+from transformer import data, languages, plots
 from transformer.data import synthetic
 
 # Two tasks on the synthetic sources ('xx'): copy them ('cp'), or spell each letter backwards
@@ -116,7 +116,7 @@ def test_bad_source_tags_get_one_line(text_dir, tags, message):
 def test_multi30k_takes_pairs_joined_by_plus():
   config = config_lib.validate(multi30k.get_config('en-de+en-fr'))
   assert (config.pairs, config.source_lang, config.target_lang) == ('en-de,en-fr', 'en', 'de')
-  assert config_lib.language_pairs(config) == [('en', 'de'), ('en', 'fr')]
+  assert languages.pairs(config) == [('en', 'de'), ('en', 'fr')]
   config.pairs = 'en-de,en-es'
   with pytest.raises(config_lib.ConfigError, match="'en-es': Multi30k has en, de, fr only"):
     config_lib.validate(config)

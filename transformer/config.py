@@ -17,10 +17,10 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
+from transformer import languages
 from transformer.model import TransformerConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
-MULTI30K_LANGUAGES = ('en', 'de', 'fr')
 # Datasets without a TFDS name; anything of the form 'name/config' is looked up in TFDS.
 LOCAL_DATASETS = ('multi30k', 'synthetic', 'text')
 SCHEDULES = ('paper', 'warmup_rsqrt')
@@ -54,52 +54,6 @@ class ConfigError(SettingError):
 
 def _fail(key: str, value, problem: str, fix: str = '', example: bool = False):
   raise ConfigError(f'config.{key}={value!r}: {problem}', key, fix, example)
-
-
-def language_pairs(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
-  """(source, target) of each language pair the model translates: config.pairs's, or else the
-  one of config.source_lang and target_lang."""
-  if config.get('pairs'):
-    return [tuple(pair.split('-')) for pair in config.pairs.split(',')]
-  return [(config.source_lang, config.target_lang)]
-
-
-def language_tag(lang: str) -> str:
-  """The piece that starts each source of a multilingual model (config.pairs) to ask for `lang`."""
-  return f'<2{lang}>'
-
-
-def _check_pairs(config: ml_collections.ConfigDict):
-  tags, pairs = config.source_tags, config.pairs
-  if tags and config.init_from:
-    _fail('source_tags', tags, "a Marian model's vocabulary (config.init_from) takes no new "
-          'pieces: leave it empty')
-  if not pairs:
-    return
-  example = "comma-separated pairs of two language codes, e.g. 'en-de,en-fr'"
-  for pair in pairs.split(','):
-    languages = pair.split('-')
-    if len(languages) != 2 or not all(re.fullmatch(r'[A-Za-z_]+', lang) for lang in languages):
-      _fail('pairs', pairs, f'{pair!r} is not a language pair; give {example}')
-    if languages[0] == languages[1]:
-      _fail('pairs', pairs, f'{pair!r} translates a language into itself; give {example}')
-    if config.dataset == 'multi30k' and not set(languages) <= set(MULTI30K_LANGUAGES):
-      _fail('pairs', pairs, f'{pair!r}: Multi30k has {", ".join(MULTI30K_LANGUAGES)} only')
-  if len(set(pairs.split(','))) != len(pairs.split(',')) or len(pairs.split(',')) < 2:
-    _fail('pairs', pairs, 'a multilingual model needs two or more different pairs; give '
-          f'{example}, or leave it empty for config.source_lang-config.target_lang')
-  first = language_pairs(config)[0]
-  if (config.source_lang, config.target_lang) != first:
-    _fail('pairs', pairs, f'its first pair is {"-".join(first)} but config.source_lang-'
-          f'config.target_lang is {config.source_lang}-{config.target_lang}: set those to the '
-          'first pair')
-  clash = {language_tag(target) for _, target in language_pairs(config)} & set(tags.split(','))
-  if clash:
-    _fail('source_tags', tags, f'{clash.pop()} is the tag of a target language of config.pairs '
-          'already')
-  if config.init_from:
-    _fail('pairs', pairs, 'a Marian model (config.init_from) has no tags of ours for its target '
-          'languages: fine-tune it on one pair, with config.pairs empty')
 
 
 def _get(config, key: str):
@@ -311,8 +265,9 @@ def _check_relations(config: ml_collections.ConfigDict):
     _fail('target_lang', config.target_lang, 'must differ from config.source_lang')
   if config.dataset == 'multi30k':
     for key in ('source_lang', 'target_lang'):
-      one_of(*MULTI30K_LANGUAGES)(key, config[key])
-  _check_pairs(config)
+      one_of(*languages.MULTI30K)(key, config[key])
+  if problem := languages.problem(config):
+    _fail(*problem)
   if config.dataset == 'text' and not config.train_files:
     _fail('train_files', '', "dataset='text' reads its training pairs from these files",
           "'data/train.{lang}.gz'", example=True)

@@ -7,7 +7,7 @@ import itertools
 import jax
 from absl import logging
 
-from transformer import bleu, data, metrics, train_step, translate
+from transformer import bleu, data, languages, metrics, train_step, translate
 from transformer import config as config_lib
 from transformer.checkpoints import Checkpoints, state_shapes
 from transformer.kernels import compile_ahead
@@ -28,7 +28,7 @@ class Evaluator:
     self.eval_programs = compile_ahead.Programs(jax.pmap(step_fns.eval_step, train_step.AXIS))
     self.translator = translate.Translator(config, vocab, config.beam_size, config.alpha)
     # (source, target) of each pair of a multilingual model; None: the one pair, untagged.
-    self.pairs = config_lib.language_pairs(config) if config.pairs else [None]
+    self.pairs = languages.pairs(config) if config.pairs else [None]
     self.batches = {}  # (split, pair) -> its loss batches
     self.texts = {}  # (split, pair) -> (sources, references)
     self.ahead = compile_ahead.Background()

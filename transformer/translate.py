@@ -15,7 +15,7 @@ import tqdm
 from absl import flags, logging
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, data, decode, marian, metrics, train_step
+from transformer import checkpoints, data, decode, languages, marian, metrics, train_step
 from transformer import config as config_lib
 from transformer import stored_config
 from transformer.kernels import choice, compile_ahead
@@ -410,7 +410,7 @@ class DecodingFlags:
       ConfigError: --target_lang is missing for a multilingual run, or names a language the run
         does not translate into.
     """
-    pairs, target = config_lib.language_pairs(config), self.target_lang.value
+    pairs, target = languages.pairs(config), self.target_lang.value
     targets = ', '.join(dict.fromkeys(pair_target for _, pair_target in pairs))
     if not config.pairs:
       if target not in (None, config.target_lang):
@@ -433,7 +433,7 @@ class DecodingFlags:
 def tag_sources(pair: tuple[str, str] | None, sentences: list[str]) -> list[str]:
   """`sentences`, each (but a blank one) starting with the tag of `pair`'s target language, as a
   multilingual run reads them (`DecodingFlags.pair`); as they are for `pair` None."""
-  return data.tagged(config_lib.language_tag(pair[1]), sentences) if pair else sentences
+  return data.tagged(languages.tag(pair[1]), sentences) if pair else sentences
 
 
 def load(workdir: str | list[str], average_last: int | None = None,

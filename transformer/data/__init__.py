@@ -15,7 +15,7 @@ sentence), UNK_ID=2; no beginning-of-sentence id. Batches are dicts of int32 arr
   for batch in eval_batches(config, vocab, 'validation', ...): ...
   sources, references = split_texts(config, 'test')
   # A multilingual config (config.pairs): every pair's at once, each source starting with its
-  # target language's tag (config.language_tag('de') = '<2de>'), or one pair's.
+  # target language's tag (languages.tag('de') = '<2de>'), or one pair's.
   sources, references = split_texts(config, 'test', pair=('en', 'fr'))
   sentences = read_lines(path)  # a UTF-8 file, gzipped or not; bad lines named in a DataError
   sentences = tagged('<2fr>', sentences)  # for a multilingual model to translate into French

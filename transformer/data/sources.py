@@ -20,8 +20,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from transformer import config as config_lib
-from transformer import files
+from transformer import files, languages
 from transformer.data import multi30k, synthetic, text_files
 from transformer.data.errors import DOWNLOAD_ERRORS, DataError
 
@@ -277,7 +276,7 @@ def load_split(config: ml_collections.ConfigDict, split: str,
                pair: Languages | None = None) -> Corpus:
   """The pairs of `split` ('train', 'validation' or 'test') in config.source/target_lang order;
   for a multilingual config (config.pairs), those of every pair, or of `pair` only, each source
-  tagged with its target language (`config.language_tag`).
+  tagged with its target language (`languages.tag`).
 
   Raises:
     DataError: the data cannot be read; the message names the file or key.
@@ -286,12 +285,12 @@ def load_split(config: ml_collections.ConfigDict, split: str,
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}; use one of {", ".join(SPLITS)}')
   files.make_directory(prepared_dir(config), 'config.tfds_data_dir')
-  pairs = config_lib.language_pairs(config)
+  pairs = languages.pairs(config)
   if not config.get('pairs'):
     return _pair_corpus(config, split, pairs[0])
   pairs = [pair] if pair else pairs
   return _mixed([_pair_corpus(config, split, languages) for languages in pairs],
-                [config_lib.language_tag(target) for _, target in pairs])
+                [languages.tag(target) for _, target in pairs])
 
 
 def _pair_corpus(config: ml_collections.ConfigDict, split: str, languages: Languages) -> Corpus:

@@ -20,8 +20,7 @@ from sentencepiece import sentencepiece_model_pb2
 from absl import logging
 from etils import epath
 
-from transformer import config as config_lib
-from transformer import marian
+from transformer import languages, marian
 from transformer.data import sources
 from transformer.data.errors import DataError
 from transformer.files import write_atomically
@@ -294,8 +293,8 @@ def load_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Vocabula
 def tag_pieces(config: ml_collections.ConfigDict) -> list[str]:
   """The tags a source may start with, each a piece of its own: those of a multilingual config's
   target languages (config.pairs), then config.source_tags."""
-  targets = [target for _, target in config_lib.language_pairs(config)] if config.pairs else []
-  return ([config_lib.language_tag(target) for target in dict.fromkeys(targets)] +
+  targets = [target for _, target in languages.pairs(config)] if config.pairs else []
+  return ([languages.tag(target) for target in dict.fromkeys(targets)] +
           [tag for tag in config.source_tags.split(',') if tag])
 
 
