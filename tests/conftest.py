@@ -34,6 +34,7 @@ os.environ[_OWN_DIRS] = '1'
 
 # After the set-up above: JAX and TFDS read it when first imported.
 from configs import tiny  # pylint: disable=wrong-import-position
+import command_server  # pylint: disable=wrong-import-position
 from transformer import trainer  # pylint: disable=wrong-import-position
 import jax  # pylint: disable=wrong-import-position
 
@@ -65,16 +66,53 @@ def run_script(*args, stdin: str | bytes | None = None, timeout: float = 600,
                env: dict[str, str] | None = None,
                max_file_bytes: int | None = None) -> subprocess.CompletedProcess:
   """`python ARGS` in the repository root, on two simulated devices (unless `env` sets
-  XLA_FLAGS), with the variables of `env` set, and no file it writes over `max_file_bytes` (as
-  on a full disk); its output as text."""
+  XLA_FLAGS), with the variables of `env` set (None: unset), and no file it writes over
+  `max_file_bytes` (as on a full disk); its output as text. A script of the repository's, or
+  `-m module`, in this environment but for XLA_FLAGS runs forked from a process with its
+  libraries imported (command_server.py)."""
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=2', **(env or {})}
+  env = {name: value for name, value in env.items() if value is not None}
+  stdin = stdin.encode() if isinstance(stdin, str) else stdin
+  script = args[1] if args[0] == '-m' else args[0]
+  if (args[0] == '-m' or script.endswith('.py')) and script not in _SETS_UP_JAX:
+    return _forked(list(args), stdin, timeout, env, max_file_bytes)
   limit = None if max_file_bytes is None else (
       lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes)))
   result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          input=stdin.encode() if isinstance(stdin, str) else stdin,
-                          timeout=timeout, preexec_fn=limit)
+                          input=stdin, timeout=timeout, preexec_fn=limit)
   return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
                                      result.stderr.decode())
+
+
+# Commands that set JAX's variables before they import it, which a forked process has done.
+_SETS_UP_JAX = ('tpu_plan.py', 'benchmarks.gpu_plan')
+# CommandServers by their environment but for XLA_FLAGS (read when JAX starts its backend, the
+# rest when a library is imported), the last used last; the two last used are kept.
+_servers: dict[tuple, command_server.CommandServer] = {}
+
+
+def _forked(args, stdin, timeout, env, max_file_bytes) -> subprocess.CompletedProcess:
+  key = tuple(sorted((name, value) for name, value in env.items() if name != 'XLA_FLAGS'))
+  server = _servers.pop(key, None) or command_server.CommandServer(dict(key), ROOT)
+  _servers[key] = server
+  while len(_servers) > 2:
+    _servers.pop(next(iter(_servers))).close()
+  with tempfile.TemporaryDirectory() as streams:
+    paths = [os.path.join(streams, name) for name in ('stdin', 'stdout', 'stderr')]
+    with open(paths[0], 'wb') as f:
+      f.write(stdin or b'')
+    status = server.run(args, env, *paths, max_file_bytes, timeout)
+    output = []
+    for path in paths[1:]:
+      with open(path, 'rb') as f:
+        output.append(f.read().decode())
+  return subprocess.CompletedProcess([sys.executable, *args], status, *output)
+
+
+@atexit.register
+def _close_servers():
+  for server in _servers.values():
+    server.close()
 
 
 def popen_as_from_a_terminal(command: list[str], **kwargs) -> subprocess.Popen:

@@ -15,12 +15,7 @@ from transformer import commands
 from transformer import config as config_lib
 from transformer.files import DirectoryError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_script(*args):
-  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
+from conftest import ROOT, error_line, run_script
 
 
 @pytest.mark.slow
@@ -252,3 +247,17 @@ def test_a_compilation_cache_that_cannot_be_a_directory_is_named(tmp_path):
       'train.py: config.compilation_cache_dir: /sys takes no new file (Permission denied); give a '
       'directory you can write to')
   assert os.listdir(tmp_path) == ['file']
+
+
+@pytest.mark.slow
+def test_a_command_forked_by_the_tests_ends_as_in_a_process_of_its_own(tmp_path):
+  """The tests' run_script forks a command from a process with its libraries imported
+  (command_server.py): it ends as `python SCRIPT` started afresh does."""
+  args = ('eval.py', f'--workdir={tmp_path}/absent', f'--output_dir={tmp_path}/out')
+  forked = run_script(*args, stdin='a\n')
+  fresh = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                         input='a\n', timeout=300)
+  assert forked.returncode == fresh.returncode == 1
+  assert error_line(forked) == error_line(fresh) == (
+      f'eval.py: {tmp_path}/absent/config.json not found: --workdir must be a directory train.py '
+      'wrote')

@@ -16,7 +16,7 @@ import pytest
 from etils import epath
 
 from configs import multi30k as multi30k_config
-from conftest import error_line
+from conftest import error_line, run_script
 from test_lock import two_hosts_refused
 from transformer import data, files, lock
 from transformer.data import multi30k
@@ -78,8 +78,7 @@ def emulator_env():
 
 
 def run(env, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
-  result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=600)
+  result = run_script(*args, stdin=stdin, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   return result
 
@@ -134,8 +133,7 @@ def test_a_bucket_out_of_reach_gets_one_line(case, tmp_path):
                   ('plot_curves.py', f'--workdir={tmp_path}', f'--workdir={BUCKET}/run'),
                   ('train.py', '--config=configs/tiny.py', f'--workdir={tmp_path}/run',
                    '--config.dataset=text', f'--config.train_files={BUCKET}/{{lang}}.gz')):
-    result = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, input='a\n',
-                            capture_output=True, text=True, timeout=600)
+    result = run_script(*command, stdin='a\n', env=env)
     given_by = 'config.train_files' if 'train_files' in command[-1] else '--workdir'
     assert error_line(result).startswith(f'{command[0]}: {given_by}: {BUCKET}/'), result.stderr
     assert why in error_line(result), result.stderr
@@ -147,9 +145,8 @@ def test_a_bucket_out_of_reach_gets_one_line(case, tmp_path):
 def test_a_workdir_in_a_bucket_is_held_by_one_run_at_a_time(emulator_env):
   workdir = f'{BUCKET}/runs/held'
   with lock.hold(workdir):
-    result = subprocess.run([sys.executable, 'train.py', '--config=configs/tiny.py',
-                             f'--workdir={workdir}'], cwd=ROOT, env=emulator_env,
-                            capture_output=True, text=True, timeout=600)
+    result = run_script('train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
+                        env=emulator_env)
   assert error_line(result).startswith(f'train.py: {workdir} is in use by another run (pid '
                                        f'{os.getpid()} on host {socket.gethostname()}, started ')
   assert not epath.Path(f'{workdir}/{lock.LOCK_FILE}').exists()  # released: removed

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import re
-import resource
 import shutil
 import signal
 import socket
@@ -27,7 +26,7 @@ import pytest
 from flax import jax_utils
 from tensorboardX.proto import event_pb2
 
-from conftest import error_line, popen_as_from_a_terminal, train_in_process
+from conftest import error_line, popen_as_from_a_terminal, run_script, train_in_process
 from configs import tiny
 from transformer import config as config_lib
 from transformer import data, evaluator, lock, metrics, train_step, trainer
@@ -55,9 +54,10 @@ def train_command(workdir, *overrides):
           f'--workdir={workdir}', *overrides]
 
 
-def run_train(workdir, *overrides, devices=4, expect_ok=True):
-  result = subprocess.run(train_command(workdir, *overrides), cwd=ROOT, env=_env(devices),
-                          capture_output=True, text=True, timeout=600)
+def run_train(workdir, *overrides, devices=4, expect_ok=True, max_file_bytes=None):
+  result = run_script(*train_command(workdir, *overrides)[1:], max_file_bytes=max_file_bytes, env={
+      'XLA_FLAGS': None if devices is None else f'--xla_force_host_platform_device_count={devices}',
+      'JAX_PLATFORMS': None})
   if expect_ok:
     assert result.returncode == 0, result.stderr[-3000:]
   return result
@@ -663,10 +663,8 @@ def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoi
               '--config.final_bleu_splits=')
   run_train(workdir, '--config.num_train_steps=20', *schedule, devices=1)
   # No file over 100 kB: the next checkpoint's (~600 kB) fails to be written, as on a full disk.
-  result = subprocess.run(
-      train_command(workdir, '--config.num_train_steps=60', *schedule), cwd=ROOT, env=_env(1),
-      capture_output=True, text=True, timeout=600,
-      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)))
+  result = run_train(workdir, '--config.num_train_steps=60', *schedule, devices=1,
+                     expect_ok=False, max_file_bytes=100_000)
   directory = os.path.join(workdir, 'checkpoints')
   assert re.fullmatch(
       rf'train.py: checkpoint 40 could not be written to {re.escape(directory)} \(File too large; '
@@ -690,10 +688,8 @@ def test_a_tensorboard_write_that_fails_stops_the_run_in_one_line(tmp_path):
   # and it fails soon after, while metrics.jsonl has kilobytes to go. As on a full disk.
   limit = os.path.getsize(os.path.join(workdir, 'tensorboard', events)) + 100
   assert os.path.getsize(os.path.join(workdir, 'metrics.jsonl')) < limit / 2
-  result = subprocess.run(
-      train_command(workdir, '--config.num_train_steps=60', *schedule), cwd=ROOT, env=_env(1),
-      capture_output=True, text=True, timeout=600,
-      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+  result = run_train(workdir, '--config.num_train_steps=60', *schedule, devices=1,
+                     expect_ok=False, max_file_bytes=limit)
   assert error_line(result) == (f'train.py: {workdir}/tensorboard could not be written (File too '
                                 'large)'), result.stderr[-3000:]
   assert 'Exception' not in result.stderr, result.stderr[-3000:]  # nor in a thread
