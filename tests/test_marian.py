@@ -421,7 +421,8 @@ def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_we
 
   workdir = str(tmp_path / 'run')
   train_in_process(workdir, init_from=directory, lr_scale=0.0, num_train_steps=2,
-                   checkpoint_every_steps=0, average_last=1, eval_every_steps=0)
+                   checkpoint_every_steps=0, average_last=1, eval_every_steps=0,
+                   final_bleu_splits='')
   result = run_script('translate.py', f'--workdir={workdir}', '--beam_size=1',
                       stdin=''.join(s + '\n' for s in sources[:40]))
   assert result.returncode == 0, result.stderr[-3000:]
@@ -490,7 +491,8 @@ def test_export_then_import_then_export_gives_the_same_files(tiny_run, exported,
   first = exported['transformers']
   workdir = str(tmp_path / 'run')
   train_in_process(workdir, init_from=first, lr_scale=0.0, num_train_steps=2,
-                   checkpoint_every_steps=0, average_last=1, eval_every_steps=0)
+                   checkpoint_every_steps=0, average_last=1, eval_every_steps=0,
+                   final_bleu_splits='')
   again = str(tmp_path / 'again')
   result = run_script('export.py', f'--workdir={workdir}', f'--output_dir={again}')
   assert result.returncode == 0, result.stderr[-3000:]

@@ -560,7 +560,8 @@ def test_a_start_that_failed_on_its_data_binds_nothing(tmp_path):
   with pytest.raises(data.DataError, match="config.dataset='no_such/de-en': no such TFDS"):
     train_in_process(workdir, dataset='no_such/de-en', tfds_data_dir=str(tmp_path / 'tfds'))
   assert sorted(os.listdir(workdir)) == ['config.json', lock.LOCK_FILE]
-  train_in_process(workdir, num_train_steps=2, checkpoint_every_steps=0)  # the corrected command
+  train_in_process(workdir, num_train_steps=2, checkpoint_every_steps=0,  # the corrected command
+                   final_bleu_splits='')
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     assert json.load(f)['dataset'] == 'synthetic'
   # Its vocabulary binds the workdir to it, checkpoints or not.
@@ -601,7 +602,8 @@ def test_accumulating_gradients_traces_each_program_once(tmp_path, monkeypatch):
     function = getattr(train_step.StepFunctions, name)
     monkeypatch.setattr(train_step.StepFunctions, name, lambda *args, name=name, function=function:
                         traces.append(name) or function(*args))
-  log = train_in_process(str(tmp_path), num_train_steps=4, grad_accum_steps=3, log_every_steps=2)
+  log = train_in_process(str(tmp_path), num_train_steps=4, grad_accum_steps=3, log_every_steps=2,
+                         final_bleu_splits='')
   assert sorted(traces) == ['accumulate', 'apply_gradients', 'gradients', 'gradients']
   assert re.search(r'step 4/4 \| loss \d', log)
 
