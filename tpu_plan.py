@@ -3,14 +3,16 @@ a machine without a TPU, before renting one.
 
   pip install -e '.[tpu]'  # libtpu, whose compile-only client needs no TPU
   python tpu_plan.py --config=configs/wmt14.py:big,en-de --topology=v4:2x2x4
-      [--config.key=value ...] [--lengths_from=TOKEN_STORE] [--name=NAME]
+      [--config.key=value ...] [--lengths_from=TOKEN_STORE] [--programs=train,eval,beam_search]
+      [--name=NAME]
 
 libtpu compiles for a named slice (`jax.experimental.topologies`), as MaxText's train_compile does,
 laid out as a Cloud TPU VM slice of that shape is: one JAX device per chip, hosts of 4 chips (of 8
 for v5e and v6e slices of up to 8 chips). The programs are train.py's on that slice, pmapped over
 all its devices, as every host runs them: the train step (with grad_accum_steps > 1, its
 gradient, accumulation and update programs), the evaluation step and beam search at the decode
-batch (implementation.decode_batch_tokens). The implementations are those a TPU runs
+batch (implementation.decode_batch_tokens); --programs names some of the three kinds, e.g.
+`train` alone while choosing a batch. The implementations are those a TPU runs
 (`kernels.choice`): none of the GPU kernels.
 
 A batch holds a device's share of tokens_per_batch in real tokens, and padding besides: rows are
@@ -46,8 +48,8 @@ from ml_collections import config_flags  # noqa: E402
 
 from transformer import commands  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
-from transformer.tpu_plan import (PlanError, advice, details, markdown, plan,  # noqa: E402
-                                  stored_lengths)
+from transformer.tpu_plan import (PROGRAMS, PlanError, advice, details, markdown,  # noqa: E402
+                                  plan, stored_lengths)
 
 FLAGS = flags.FLAGS
 
@@ -58,7 +60,7 @@ def main(argv):
   try:
     lengths = stored_lengths(FLAGS.lengths_from) if FLAGS.lengths_from else None
     result = plan(FLAGS.config, FLAGS.topology, lengths,
-                  FLAGS.lengths_from and f'the lengths in {FLAGS.lengths_from}')
+                  FLAGS.lengths_from and f'the lengths in {FLAGS.lengths_from}', FLAGS.programs)
     result['command'] = ' '.join(['python tpu_plan.py', *sys.argv[1:]])
   except (config_lib.ConfigError, PlanError) as error:
     sys.exit(f'tpu_plan.py: {error}')
@@ -80,6 +82,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('lengths_from', '', "A train split's token store (the directory "
                       'prepare.py names for it): batches shaped for its pairs\' lengths instead '
                       'of WMT-like ones.')
+  flags.DEFINE_list('programs', list(PROGRAMS), 'The kinds of program to compile: some of '
+                    f'{",".join(PROGRAMS)}.')
   flags.DEFINE_string('name', '', 'Write <results_dir>/<name>.{json,md} too.')
   flags.DEFINE_string('results_dir', os.path.join(os.path.dirname(__file__), 'benchmarks',
                                                   'results'), 'Where --name goes.')

@@ -77,17 +77,23 @@ def test_tpu_plan_compiles_train_py_s_programs_for_a_slice_and_counts_the_state_
 
 @pytest.mark.slow
 def test_tpu_plan_says_what_to_change_where_a_config_does_not_fit(tmp_path):
-  result = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
-                    '--config.tokens_per_batch=8000000')
+  # The train step alone: the other programs fit at any batch.
+  flags = ('--config=configs/tiny.py', '--topology=v5e:2x2', '--config.tokens_per_batch=8000000',
+           '--programs=train')
+  result = run_tpu_plan(tmp_path, *flags)
   assert result.returncode == 1, result.stderr[-3000:]
   line = result.stderr.strip().splitlines()[-1]
   assert re.fullmatch(r'tpu_plan.py: train_step \d+x16 does not fit v5e-4 \(v5e:2x2\): [\d.]+ '
                       r'GiB per device against [\d.]+ GiB; raise grad_accum_steps to \d+ \(or '
                       r'lower tokens_per_batch, or take more chips\)', line), line
   steps = int(re.search(r'grad_accum_steps to (\d+)', line)[1])
-  again = run_tpu_plan(tmp_path, '--config=configs/tiny.py', '--topology=v5e:2x2',
-                       '--config.tokens_per_batch=8000000', f'--config.grad_accum_steps={steps}')
+  again = run_tpu_plan(tmp_path, *flags, f'--config.grad_accum_steps={steps}')
   assert again.returncode == 0, again.stderr[-3000:]  # the advice is enough
+  with open(tmp_path / 'plan.json') as f:
+    programs = json.load(f)[' '.join((*flags, f'--config.grad_accum_steps={steps}'))]['programs']
+  assert [name.split()[0] for name in programs] == ['gradients', 'accumulate', 'apply_gradients']
+  assert error_line(run_tpu_plan(tmp_path, *flags[:-1], '--programs=train,decode')) == (
+      'tpu_plan.py: --programs: decode unknown; name some of train,eval,beam_search')
 
 
 @pytest.mark.slow

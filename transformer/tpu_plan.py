@@ -31,6 +31,7 @@ HBM = {
 GIB = 2**30
 SAMPLE_PAIRS = 200_000  # pairs whose lengths give the batch shapes; their means settle sooner
 STAND_IN = 'WMT-like lengths (stand_in_lengths)'
+PROGRAMS = ('train', 'eval', 'beam_search')  # the kinds of program a plan may compile
 # libtpu's line for a program over a device's memory; its "temporaries" count the arguments too.
 _OVER = re.compile(r'temporaries \(([\d.]+[KMGT])\) exceeds available HBM \(([\d.]+[KMGT])\)')
 
@@ -176,10 +177,15 @@ def compile_program(function, devices, donate: tuple, *args) -> dict:
                                                 compiled.as_text())))}
 
 
-def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
+def plan(config, topology: str, lengths=None, lengths_source: str = '',
+         kinds=PROGRAMS) -> dict:
   """The figures of each program of `config` on `topology` (see the module's docstring), its
-  batches shaped for pairs of `lengths` ((source, target) tokens; `stand_in_lengths` if None)."""
+  batches shaped for pairs of `lengths` ((source, target) tokens; `stand_in_lengths` if None);
+  only the programs of `kinds` (of PROGRAMS)."""
   config_lib.validate(config)
+  if unknown := set(kinds) - set(PROGRAMS):
+    raise PlanError(f'--programs: {", ".join(sorted(unknown))} unknown; name some of '
+                    f'{",".join(PROGRAMS)}')
   where = slice_of(topology)
   devices, count = where['devices'], len(where['devices'])
   machine = choice.Machine('tpu', where['kind'], local_devices=count // where['hosts'])
@@ -197,7 +203,7 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
     return {name: shape for name in batching.batch_names(packed)}
 
   programs, longest = {}, shapes['train'][0]
-  for rows, length in shapes['train']:
+  for rows, length in shapes['train'] if 'train' in kinds else ():
     name, train_batch = f'{rows}x{length}', batch(rows, length, config.packing)
     if config.grad_accum_steps == 1:
       programs[f'train_step {name}'] = compile_program(steps.train_step, devices, (0,), states,
@@ -211,20 +217,21 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '') -> dict:
                                  train_batch, micro)
     programs[f'accumulate {name}'] = compile_program(steps.accumulate, devices, (3,), states,
                                                      train_batch, micro, accumulated)
-  if config.grad_accum_steps > 1:  # the same program whatever the batch
+  if 'train' in kinds and config.grad_accum_steps > 1:  # the same program whatever the batch
     programs['apply_gradients'] = compile_program(steps.apply_gradients, devices, (0,), states,
                                                   *accumulated)
-  rows, length = shapes['eval']
-  programs[f'eval_step {rows}x{length}'] = compile_program(
-      steps.eval_step, devices, (), states.params, batch(rows, length, packed=True))
-  # A call of max_length sources, as Translator plans it.
-  ((_, decode_rows, decode_length),) = decode_batches(
-      [config.max_length], source_tokens_per_device(implementations, config.beam_size), 1)
-  search = search_function([config], implementations, config.beam_size, config.alpha)
-  programs[f'beam_search {decode_rows}x{decode_length}'] = compile_program(
-      search, devices, (), replicated(steps.param_shapes, count),
-      jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32),
-      jax.ShapeDtypeStruct((count, decode_rows), np.int32))
+  if 'eval' in kinds:
+    rows, length = shapes['eval']
+    programs[f'eval_step {rows}x{length}'] = compile_program(
+        steps.eval_step, devices, (), states.params, batch(rows, length, packed=True))
+  if 'beam_search' in kinds:  # a call of max_length sources, as Translator plans it
+    ((_, decode_rows, decode_length),) = decode_batches(
+        [config.max_length], source_tokens_per_device(implementations, config.beam_size), 1)
+    search = search_function([config], implementations, config.beam_size, config.alpha)
+    programs[f'beam_search {decode_rows}x{decode_length}'] = compile_program(
+        search, devices, (), replicated(steps.param_shapes, count),
+        jax.ShapeDtypeStruct((count, decode_rows, decode_length), np.int32),
+        jax.ShapeDtypeStruct((count, decode_rows), np.int32))
   # Per update, at the longest batch: its padding's FLOPs and attention's over max_length count.
   shape = f'{longest[0]}x{longest[1]}'
   calls_per_update = {f'train_step {shape}': 1, f'gradients {shape}': 1,
@@ -316,6 +323,8 @@ def markdown(rows: dict) -> str:
   """Every plan in `rows` (label -> plan): a line each, then each one's details."""
   def cell(plan, kinds):
     programs = [p for name, p in plan['programs'].items() if name.split()[0] in kinds]
+    if not programs:
+      return 'not compiled'
     total = max(p['total'] for p in programs)
     fits = all(p['fits'] for p in programs)
     return f'{size(total)} ({total / plan["hbm_per_device"]:.0%}){"" if fits else ", no"}'
