@@ -2,6 +2,7 @@
 prepared-data directory, where Multi30k is, and a trained tiny run for the tests of what reads one."""
 
 import atexit
+import fcntl
 import logging
 import os
 import resource
@@ -155,9 +156,26 @@ def train_in_process(workdir: str, **overrides) -> str:
   return '\n'.join(messages)
 
 
+def built_once(tmp_path_factory, name: str, build) -> str:
+  """The directory `name` that `build(path)` fills once for the whole session, whose
+  pytest-xdist workers share it: the first to ask builds it while the others wait, and each uses
+  it as it is (a test that changes it works on a copy)."""
+  root = tmp_path_factory.getbasetemp()
+  if 'PYTEST_XDIST_WORKER' in os.environ:  # each worker's base is in the session's
+    root = root.parent
+  path, done = root / name, root / f'{name}.built'
+  with open(root / f'{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when its process ends
+    if not done.exists():
+      shutil.rmtree(path, ignore_errors=True)  # what a build that failed left
+      path.mkdir()
+      build(str(path))
+      done.touch()
+  return str(path)
+
+
 @pytest.fixture(scope='session')
 def tiny_run(tmp_path_factory) -> str:
   """configs/tiny.py trained 100 steps, keeping the checkpoints of steps 50, 75 and 100."""
-  path = str(tmp_path_factory.mktemp('tiny_run'))
-  train_in_process(path, checkpoint_every_steps=25, keep_checkpoints=3)
-  return path
+  return built_once(tmp_path_factory, 'tiny_run', lambda path: train_in_process(
+      path, checkpoint_every_steps=25, keep_checkpoints=3))

@@ -15,7 +15,7 @@ import torch
 import transformers
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from tests.conftest import error_line, run_script
+from tests.conftest import built_once, error_line, run_script
 from transformer import config as config_lib
 from transformer import stored_config
 from transformer import data, marian, sampling, translate
@@ -184,14 +184,17 @@ def by_length(ids: list[list[int]]):
 @pytest.fixture(scope='module')
 def exported(tiny_run, tmp_path_factory) -> dict:
   """The tiny run exported by export.py in each format: format -> directory."""
-  directories = {}
-  for name, flags in (('transformers', []), ('ctranslate2', ['--format=ctranslate2']),
-                      ('int8', ['--format=ctranslate2', '--quantization=int8'])):
-    directories[name] = str(tmp_path_factory.mktemp('export') / name)
-    result = run_script('export.py', f'--workdir={tiny_run}',
-                        f'--output_dir={directories[name]}', *flags)
-    assert result.returncode == 0, result.stderr[-3000:]
-  return directories
+  formats = {'transformers': [], 'ctranslate2': ['--format=ctranslate2'],
+             'int8': ['--format=ctranslate2', '--quantization=int8']}
+
+  def export(path):
+    for name, flags in formats.items():
+      result = run_script('export.py', f'--workdir={tiny_run}', f'--output_dir={path}/{name}',
+                          *flags)
+      assert result.returncode == 0, result.stderr[-3000:]
+
+  path = built_once(tmp_path_factory, 'exported', export)
+  return {name: os.path.join(path, name) for name in formats}
 
 
 @pytest.fixture(scope='module')
