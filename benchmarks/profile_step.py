@@ -2,7 +2,7 @@ r"""Where the training step's time goes: a jax.profiler trace read against XLA's
 
   python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
       [--side=ours|flax] [--shape=128x32] [--packed] [--steps=5] [--top=12]
-      [--name=profile_step] [--keep_trace]
+      [--name=profile_step]
 
 Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
 configs/default.py, with the variant's config overrides; the random batch of vs_flax.py, or with
@@ -17,8 +17,7 @@ operations with the jax op that made them, the heaviest jax ops with their layer
 summed, and the model FLOP/s of the step and of its matmuls alone (6 FLOPs per parameter and real
 token, over matmul time) beside the matmul peak of measure.py in the model's dtype; on an
 accelerator also how busy its timeline was within each step and how long it idled between steps
-(`device_timeline`). Writes benchmarks/results/<name>.{json,md}; with --keep_trace also the
-trace (<name>.trace.json.gz) and the optimized HLO (<name>.hlo.txt.gz), to read again.
+(`device_timeline`). Writes benchmarks/results/<name>.{json,md}.
 """
 
 import collections
@@ -27,7 +26,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 
@@ -50,10 +48,6 @@ _VARIANT = flags.DEFINE_string('variant', '', 'Space-separated key=value config 
 _SIDE = flags.DEFINE_enum('side', 'ours', ['ours', 'flax'], 'Whose train step is traced.')
 _FLAX_DIR = flags.DEFINE_string(
     'flax_dir', FLAX_DIR, 'Where flax examples/wmt is (fetched from the flax sdist if absent).')
-_KEEP_TRACE = flags.DEFINE_bool('keep_trace', False, 'Also write the trace and the HLO.')
-_REREAD = flags.DEFINE_bool(
-    'reread', False, 'Sum up the trace and HLO that --keep_trace wrote under --name again, and '
-    'rewrite <name>.json and .md, instead of tracing.')
 _NAME = flags.DEFINE_string('name', 'profile_step', 'Results go to <name>.json and <name>.md.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
                               'Where the results go.')
@@ -132,21 +126,11 @@ def library_class(kernel: str) -> tuple[str, str]:
 
 def main(argv):
   del argv
-  paths = {kind: os.path.join(_OUTPUT.value, f'{_NAME.value}.{kind}')
-           for kind in ('json', 'trace.json.gz', 'hlo.txt.gz')}
-  if _REREAD.value:
-    with open(paths['json']) as f:
-      results = json.load(f)
-    with gzip.open(paths['hlo.txt.gz'], 'rt') as f:
-      hlo = f.read()
-    flops = results['model_flops_per_sec'] * results['step_secs']
-    results.update(summary(paths['trace.json.gz'], hlo, results['steps'], _TOP.value, flops))
-  else:
-    results = measure(paths)
+  results = measure()
   write_results(_OUTPUT.value, _NAME.value, results, markdown(results))
 
 
-def measure(paths: dict) -> dict:
+def measure() -> dict:
   """Traces --steps train steps and sums up the trace."""
   ours = Ours(load_config(_VARIANT.value, _SIZE.value))
   make_batch = packed_batch if _PACKED.value else random_batch
@@ -168,11 +152,6 @@ def measure(paths: dict) -> dict:
     hlo = side.train_hlo(sharded)
     (trace,) = glob.glob(os.path.join(trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True)
     results = summary(trace, hlo, _STEPS.value, _TOP.value, float(flops))
-    if _KEEP_TRACE.value:
-      os.makedirs(_OUTPUT.value, exist_ok=True)
-      shutil.copy(trace, paths['trace.json.gz'])
-      with gzip.open(paths['hlo.txt.gz'], 'wt') as f:
-        f.write(hlo)
   return {
       'shape': _SHAPE.value + (' packed' if _PACKED.value else ''), 'steps': _STEPS.value,
       'step_secs': step_secs,
