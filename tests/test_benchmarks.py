@@ -19,7 +19,6 @@ from flax import traverse_util
 
 from benchmarks import decoding_speed, hlo, profile_step, reproduce_multi30k, wmt_scale, workload
 from benchmarks.measure import round_robin, sustained_rate
-from benchmarks.profile_step import operation_seconds
 from configs import multi30k, tiny
 from transformer import decode
 
@@ -46,7 +45,7 @@ def test_hlo_operations_are_classed_by_what_they_compute():
 
 # An optimized GPU module, cut down: three split-K matmuls writing partial products
 # f32[parts, m, n] (two Triton fusions and a cuBLAS call) and the sums of their parts, one writing
-# the matmul's layout and two its transpose ({0,1}).
+# the matmul's layout and two, of two parts each, its transpose ({0,1}).
 GPU_HLO = """HloModule step
 
 %gemm_fusion_dot.1_computation (p0: bf16[16,64], p1: bf16[64,16]) -> f32[8,16,16] {
@@ -55,30 +54,17 @@ GPU_HLO = """HloModule step
   ROOT %dot.1 = f32[8,16,16]{2,1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
-%add (x: f32[], y: f32[]) -> f32[] {
-  %x = f32[] parameter(0)
-  %y = f32[] parameter(1)
-  ROOT %sum = f32[] add(%x, %y)
-}
-
 %fused_reduce (param_0: f32[8,16,16]) -> f32[16,16] {
   %param_0 = f32[8,16,16]{2,1,0} parameter(0)
   %zero = f32[] constant(0)
-  ROOT %reduce.1 = f32[16,16]{1,0} reduce(%param_0, %zero), dimensions={0}, to_apply=%add
+  ROOT %reduce.1 = f32[16,16]{1,0} reduce(%param_0, %zero), dimensions={0}
 }
 
 %fused_reduce.1 (param_0.1: f32[2,16,16]) -> f32[16,16] {
   %param_0.1 = f32[2,16,16]{2,1,0} parameter(0)
   %zero.1 = f32[] constant(0)
-  %reduce.2 = f32[16,16]{0,1} reduce(%param_0.1, %zero.1), dimensions={0}, to_apply=%add
+  %reduce.2 = f32[16,16]{0,1} reduce(%param_0.1, %zero.1), dimensions={0}
   ROOT %bitcast.1 = f32[16,16]{1,0} bitcast(%reduce.2)
-}
-
-%fused_reduce.2 (param_0.2: f32[4,16,16]) -> f32[16,16] {
-  %param_0.2 = f32[4,16,16]{2,1,0} parameter(0)
-  %zero.2 = f32[] constant(0)
-  %reduce.3 = f32[16,16]{0,1} reduce(%param_0.2, %zero.2), dimensions={0}, to_apply=%add
-  ROOT %bitcast.2 = f32[16,16]{1,0} bitcast(%reduce.3)
 }
 
 ENTRY %main (a: bf16[16,64], b: bf16[64,16]) -> (f32[16,16], f32[16,16], f32[16,16]) {
@@ -88,62 +74,47 @@ ENTRY %main (a: bf16[16,64], b: bf16[64,16]) -> (f32[16,16], f32[16,16], f32[16,
   %gemm_fusion_dot.2 = f32[2,16,16]{2,1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_fusion_dot.1_computation
   %input_reduce_fusion = f32[16,16]{1,0} fusion(%gemm_fusion_dot.1), kind=kInput, calls=%fused_reduce
   %input_reduce_fusion.1 = f32[16,16]{1,0} fusion(%gemm_fusion_dot.2), kind=kInput, calls=%fused_reduce.1
-  %custom-call.1 = (f32[4,16,16]{2,1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
-  %get-tuple-element.1 = f32[4,16,16]{2,1,0} get-tuple-element(%custom-call.1), index=0
-  %input_reduce_fusion.2 = f32[16,16]{1,0} fusion(%get-tuple-element.1), kind=kInput, calls=%fused_reduce.2
+  %custom-call.1 = (f32[2,16,16]{2,1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
+  %get-tuple-element.1 = f32[2,16,16]{2,1,0} get-tuple-element(%custom-call.1), index=0
+  %input_reduce_fusion.2 = f32[16,16]{1,0} fusion(%get-tuple-element.1), kind=kInput, calls=%fused_reduce.1
   ROOT %tuple = (f32[16,16]{1,0}, f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%input_reduce_fusion, %input_reduce_fusion.1, %input_reduce_fusion.2)
 }
 """
 
 
-# Two kernels that are not matmuls: one slicing two thirds out of its operand (through a bitcast),
+# Two kernels that are not matmuls: one slicing two thirds out of its float32 operand through a
+# convert to bfloat16 and a bitcast (as a step's matmuls take the packed parameters: XLA converts
+# the whole array in the fused computation, but the kernel reads only the slices' elements), and
 # one reading both of its operands whole.
 SLICE_HLO = """HloModule slices
 
-%fused_slice (param_0: bf16[16,48]) -> (bf16[4,4,16], bf16[4,4,16]) {
-  %param_0 = bf16[16,48]{1,0} parameter(0)
-  %bitcast.1 = bf16[4,4,48]{2,1,0} bitcast(%param_0)
+%fused_slice (param_0: f32[16,48]) -> (bf16[4,4,16], bf16[4,4,16]) {
+  %param_0 = f32[16,48]{1,0} parameter(0)
+  %convert.1 = bf16[16,48]{1,0} convert(%param_0)
+  %bitcast.1 = bf16[4,4,48]{2,1,0} bitcast(%convert.1)
   %slice.1 = bf16[4,4,16]{2,1,0} slice(%bitcast.1), slice={[0:4], [0:4], [0:16]}
   %slice.2 = bf16[4,4,16]{2,1,0} slice(%bitcast.1), slice={[0:4], [0:4], [16:32]}
   ROOT %tuple.1 = (bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}) tuple(%slice.1, %slice.2)
 }
 
-%fused_add (param_0.1: bf16[16,48], param_1: bf16[16,48]) -> bf16[16,48] {
-  %param_0.1 = bf16[16,48]{1,0} parameter(0)
-  %param_1 = bf16[16,48]{1,0} parameter(1)
-  ROOT %add.1 = bf16[16,48]{1,0} add(%param_0.1, %param_1)
+%fused_add (param_0.1: f32[16,48], param_1: f32[16,48]) -> f32[16,48] {
+  %param_0.1 = f32[16,48]{1,0} parameter(0)
+  %param_1 = f32[16,48]{1,0} parameter(1)
+  ROOT %add.1 = f32[16,48]{1,0} add(%param_0.1, %param_1)
 }
 
-ENTRY %main (a: bf16[16,48]) -> ((bf16[4,4,16], bf16[4,4,16]), bf16[16,48]) {
-  %a = bf16[16,48]{1,0} parameter(0)
+ENTRY %main (a: f32[16,48]) -> ((bf16[4,4,16], bf16[4,4,16]), f32[16,48]) {
+  %a = f32[16,48]{1,0} parameter(0)
   %loop_slice_fusion = (bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}) fusion(%a), kind=kLoop, calls=%fused_slice
-  %loop_add_fusion = bf16[16,48]{1,0} fusion(%a, %a), kind=kLoop, calls=%fused_add
-  ROOT %tuple = ((bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}), bf16[16,48]{1,0}) tuple(%loop_slice_fusion, %loop_add_fusion)
-}
-"""
-
-# Two slices of a float32 vector, converted to bfloat16 (the packed parameters, for a step's
-# matmuls): XLA converts the whole vector in the fused computation, but the kernel reads only
-# the slices' elements.
-CONVERTED_SLICES_HLO = """HloModule converted_slices
-
-%fused_slice (param_0: f32[64]) -> (bf16[8], bf16[8]) {
-  %param_0 = f32[64]{0} parameter(0)
-  %convert.1 = bf16[64]{0} convert(%param_0)
-  %slice.1 = bf16[8]{0} slice(%convert.1), slice={[0:8]}
-  %slice.2 = bf16[8]{0} slice(%convert.1), slice={[32:40]}
-  ROOT %tuple.1 = (bf16[8]{0}, bf16[8]{0}) tuple(%slice.1, %slice.2)
-}
-
-ENTRY %main (a: f32[64]) -> (bf16[8], bf16[8]) {
-  %a = f32[64]{0} parameter(0)
-  ROOT %loop_slice_fusion = (bf16[8]{0}, bf16[8]{0}) fusion(%a), kind=kLoop, calls=%fused_slice
+  %loop_add_fusion = f32[16,48]{1,0} fusion(%a, %a), kind=kLoop, calls=%fused_add
+  ROOT %tuple = ((bf16[4,4,16]{2,1,0}, bf16[4,4,16]{2,1,0}), f32[16,48]{1,0}) tuple(%loop_slice_fusion, %loop_add_fusion)
 }
 """
 
 
 # A matmul reading its weight as a slice of the packed bfloat16 parameters in place: cuBLAS's call
-# in a fusion of its own (XLA's dynamic-slice fusion), after the kernel that converts them.
+# in a fusion of its own (XLA's dynamic-slice fusion), after the kernel that converts them; then a
+# Pallas kernel taking two words and, in two slots, the matmul's product.
 SLICED_MATMUL_HLO = """HloModule sliced_matmul
 
 %convert_computation (param_0: f32[64]) -> bf16[64] {
@@ -159,47 +130,56 @@ SLICED_MATMUL_HLO = """HloModule sliced_matmul
   ROOT %cublas-lt-matmul.1 = (bf16[16,8]{1,0}, s8[64]{0}) custom-call(%p1, %bitcast.1), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/layer/dot_general"}
 }
 
-ENTRY %main (w: f32[64], x: bf16[16,4]) -> (bf16[16,8], s8[64]) {
+ENTRY %main (w: f32[64], x: bf16[16,4], k: u32[2]) -> (bf16[16,8], f32[16]) {
   %w = f32[64]{0} parameter(0)
   %x = bf16[16,4]{1,0} parameter(1)
+  %k = u32[2]{0} parameter(2)
   %wrapped_convert = bf16[64]{0} fusion(%w), kind=kLoop, calls=%convert_computation
-  ROOT %dynamic_slice_fusion = (bf16[16,8]{1,0}, s8[64]{0}) fusion(%wrapped_convert, %x), kind=kCustom, calls=%dynamic-slice-fusion
+  %dynamic_slice_fusion = (bf16[16,8]{1,0}, s8[64]{0}) fusion(%wrapped_convert, %x), kind=kCustom, calls=%dynamic-slice-fusion
+  %y = bf16[16,8]{1,0} get-tuple-element(%dynamic_slice_fusion), index=0
+  ROOT %pallas_call.1 = (bf16[16,8]{1,0}, f32[16]{0}) custom-call(%k, %y, %y), custom_call_target="__gpu$xla.gpu.triton", api_version=API_VERSION_TYPED_FFI
 }
 """
 
 def test_kernel_bytes_count_what_each_kernel_reads_and_writes():
-  # The slices: 2 x 256 elements read and written; the add: 768 written, 2 x 768 read; bfloat16.
-  assert hlo.kernel_bytes(SLICE_HLO) == {'elementwise': (2 * 2 * 256 + 3 * 768) * 2}
-  # 2 x 8 float32 elements read, 2 x 8 bfloat16 written.
-  assert hlo.kernel_bytes(CONVERTED_SLICES_HLO) == {'elementwise': 16 * 4 + 16 * 2}
-  # The convert: 64 float32 elements read, 64 bfloat16 written; the matmul is left out.
-  assert hlo.kernel_bytes(SLICED_MATMUL_HLO) == {'elementwise': 64 * 4 + 64 * 2}
-  # The split-K sums read 8 + 2 + 4 float32 16x16 parts and write three 16x16 sums; the matmuls
+  # The slices: 2 x 256 float32 elements read, 2 x 256 bfloat16 written; the add: 768 float32
+  # written, 2 x 768 read.
+  assert hlo.kernel_bytes(SLICE_HLO) == {'elementwise': 2 * 256 * (4 + 2) + 3 * 768 * 4}
+  # The convert: 64 float32 elements read, 64 bfloat16 written; the matmul is left out. The
+  # Pallas kernel reads its operands whole, the product passed twice (a slot each) once, and
+  # writes its outputs whole: two words and 16x8 bfloat16 read, 16x8 bfloat16 and 16 float32
+  # written.
+  assert hlo.kernel_bytes(SLICED_MATMUL_HLO) == {'elementwise': 64 * 4 + 64 * 2,
+                                                 'other': 2 * 4 + 2 * 16 * 8 * 2 + 16 * 4}
+  # The split-K sums read 8 + 2 + 2 float32 16x16 parts and write three 16x16 sums; the matmuls
   # are left out.
-  assert hlo.kernel_bytes(GPU_HLO) == {'reduction': (8 + 2 + 4 + 3) * 16 * 16 * 4}
+  assert hlo.kernel_bytes(GPU_HLO) == {'reduction': (8 + 2 + 2 + 3) * 16 * 16 * 4}
   assert hlo.shape_bytes('(bf16[16,64]{1,0}, s8[64]{0}, pred[])') == 16 * 64 * 2 + 64 + 1
-  # A Pallas kernel reads its operands and writes its outputs whole: 2 x 16x64 bfloat16 and two
-  # words read, 16x64 bfloat16 and 16 float32 written.
-  pallas = ('HloModule step\n\nENTRY %main (a: bf16[16,64], b: bf16[16,64], w: u32[2]) -> '
-            '(bf16[16,64], f32[16]) {\n  %a = bf16[16,64]{1,0} parameter(0)\n'
-            '  %b = bf16[16,64]{1,0} parameter(1)\n  %w = u32[2]{0} parameter(2)\n'
-            '  ROOT %pallas_call.1 = (bf16[16,64]{1,0}, f32[16]{0}) custom-call(%w, %a, %b), '
-            'custom_call_target="__gpu$xla.gpu.triton", api_version=API_VERSION_TYPED_FFI\n}\n')
-  assert hlo.kernel_bytes(pallas) == {'other': 3 * 16 * 64 * 2 + 2 * 4 + 16 * 4}
-  assert hlo.kernels_by_class(pallas) == {'other': 1}
-  # An operand passed twice (two slots of one array, read a slot each) is read once.
-  assert hlo.kernel_bytes(pallas.replace('custom-call(%w, %a, %b)', 'custom-call(%w, %a, %a)')) == (
-      {'other': 2 * 16 * 64 * 2 + 2 * 4 + 16 * 4})
 
 
-def test_a_gpu_plan_counts_its_kernels_and_finds_the_split_k_sums_that_transpose():
+THUNK_SEQUENCE = """000: kCommandBuffer      [source       | next=003 (1) ]
+    001: kCopy         [source        | sink         ] kCopy
+    002: kCustomKernel [prev=001 (1)  | sink         ] loop_add_fusion
+003: kWhile              [prev=000 (1) | next=005 (1) ]
+  condition:
+    004: kCustomKernel [source | sink] loop_compare_fusion
+005: kDynamicSliceFusion [prev=003 (1) | next=000 (1) ]
+000: kCommandBuffer      [prev=005 (1) | sink ]
+    006: kCublasLtMatmul [source | sink]
+"""
+
+
+def test_a_gpu_plan_counts_its_kernels_launches_and_the_split_k_sums_that_transpose():
   assert hlo.kernels_by_class(GPU_HLO) == {'matmul': 3, 'reduction': 3}
-  assert hlo.kernels_by_class(SLICED_MATMUL_HLO) == {'elementwise': 1, 'matmul': 1}
+  assert hlo.kernels_by_class(SLICED_MATMUL_HLO) == {'elementwise': 1, 'matmul': 1, 'other': 1}
   assert hlo.hlo_classes(SLICED_MATMUL_HLO)['dynamic_slice_fusion'] == (
       'matmul', 'jit(step)/layer/dot_general')
   assert hlo.split_k_sums(GPU_HLO) == [{'parts': 8, 'transposed': False},
                                        {'parts': 2, 'transposed': True},
-                                       {'parts': 4, 'transposed': True}]
+                                       {'parts': 2, 'transposed': True}]
+  # The host launches the CUDA graphs, and the thunks outside them one by one.
+  assert hlo.launches(THUNK_SEQUENCE) == {'cuda_graphs': 2, 'alone': 2}
+  assert hlo.launches('') == {'cuda_graphs': 0, 'alone': 0}
 
 
 needs_cuda_plugin = pytest.mark.skipif(
@@ -230,49 +210,28 @@ def test_the_train_step_compiles_for_an_h100_without_one(tmp_path):
   assert configured['launches'] == {'cuda_graphs': 1, 'alone': 0}
 
 
-THUNK_SEQUENCE = """000: kCommandBuffer      [source       | next=003 (1) ]
-    001: kCopy         [source        | sink         ] kCopy
-    002: kCustomKernel [prev=001 (1)  | sink         ] loop_add_fusion
-003: kWhile              [prev=000 (1) | next=005 (1) ]
-  condition:
-    004: kCustomKernel [source | sink] loop_compare_fusion
-005: kDynamicSliceFusion [prev=003 (1) | next=000 (1) ]
-000: kCommandBuffer      [prev=005 (1) | sink ]
-    006: kCublasLtMatmul [source | sink]
-"""
+def _kernel(name: str, start: int, dur: int, op: str = 'command_buffer', tid: int = 1) -> dict:
+  """A kernel on the GPU timeline of `_write_trace`, in a CUDA graph unless its hlo_op says
+  otherwise."""
+  return {'ph': 'X', 'pid': 1, 'tid': tid, 'name': name, 'ts': start, 'dur': dur,
+          'args': {'hlo_op': op}}
 
 
-def test_the_hosts_launches_are_the_cuda_graphs_and_the_thunks_outside_them():
-  assert hlo.launches(THUNK_SEQUENCE) == {'cuda_graphs': 2, 'alone': 2}
-  assert hlo.launches('') == {'cuda_graphs': 0, 'alone': 0}
-
-
-def test_gpu_kernels_are_counted_under_the_operation_that_launched_them(tmp_path):
-  # A GPU trace: kernels on the device's timeline, named like their fusion ('.' as '_') but with
-  # the CUDA graph's hlo_op; a cuBLAS kernel in the graph; one outside it, named by its hlo_op;
-  # and the host's launch of an operation, which is not counted.
-  names = {'loop_add_fusion.12', 'input_scatter_fusion', 'custom-call.3'}
-  kernel = lambda name, dur, op='command_buffer_1': {
-      'ph': 'X', 'pid': 1, 'name': name, 'dur': dur, 'args': {'hlo_op': op}}
-  events = [
-      {'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
-      {'ph': 'M', 'pid': 7, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
-      kernel('loop_add_fusion_12', 30), kernel('loop_add_fusion_12', 10),
-      kernel('input_scatter_fusion', 5), kernel('nvjet_sm90_tst_128x128', 20),
-      kernel('sm90_xmma_gemm_bf16', 8, op='custom-call.3'),
-      {'ph': 'X', 'pid': 7, 'name': 'loop_add_fusion.12', 'dur': 1000}]
-  path = tmp_path / 'trace.json.gz'
+def _write_trace(path, events: list[dict], gpu: bool = True) -> str:
+  """Writes a gzipped trace of `events` with the names of their processes: a GPU's timeline
+  (pid 1, left out for a CPU's trace) and the host's (pid 7)."""
+  processes = [(1, '/device:GPU:0')] * gpu + [(7, '/host:CPU')]
   with gzip.open(path, 'wt') as f:
-    json.dump({'traceEvents': events}, f)
-  seconds, counts = operation_seconds(str(path), names)
-  assert seconds == pytest.approx({'loop_add_fusion.12': 40e-6, 'input_scatter_fusion': 5e-6,
-                                   'nvjet_sm90_tst_128x128': 20e-6, 'custom-call.3': 8e-6})
-  assert counts['loop_add_fusion.12'] == 2
+    json.dump({'traceEvents': [{'ph': 'M', 'pid': pid, 'name': 'process_name',
+                                'args': {'name': name}} for pid, name in processes] + events}, f)
+  return str(path)
 
 
 def test_a_profile_sums_each_jax_op_over_the_layers_and_names_the_libraries_kernels(tmp_path):
-  # Two steps of a GPU trace: one fusion per layer from the same jax op, a cuBLAS and a cuDNN
-  # kernel in the CUDA graph.
+  # Two steps of a GPU trace: one fusion per layer from the same jax op, its kernels named like
+  # it ('.' as '_'); a cuBLAS and a cuDNN kernel in the CUDA graph, named by no operation; one
+  # cuBLAS call outside it, named by its hlo_op; and the host's launch of an operation, which is
+  # not counted.
   fusion = lambda index: (
       f'%fused_add.{index} (p.{index}: f32[8]) -> f32[8] {{\n'
       f'  %p.{index} = f32[8]{{0}} parameter(0)\n'
@@ -283,45 +242,39 @@ def test_a_profile_sums_each_jax_op_over_the_layers_and_names_the_libraries_kern
   module = ('HloModule step\n\n' + fusion(0) + fusion(1) +
             'ENTRY %main (x: f32[8]) -> (f32[8], f32[8]) {\n  %x = f32[8]{0} parameter(0)\n' +
             entry(0) + entry(1) +
+            '  %custom-call.3 = f32[8]{0} custom-call(%x), custom_call_target="__cublas$gemm", '
+            'metadata={op_name="jit(step)/layer_0/dense/dot_general"}\n'
             '  ROOT %t = (f32[8]{0}, f32[8]{0}) tuple(%loop_add_fusion.0, %loop_add_fusion.1)\n}\n')
-  kernel = lambda name, start, dur: {'ph': 'X', 'pid': 1, 'name': name, 'ts': start, 'dur': dur,
-                                     'args': {'hlo_op': 'command_buffer'}}
-  steps = [[kernel('loop_add_fusion_0', start, 10), kernel('loop_add_fusion_1', start + 10, 20),
-            kernel('nvjet_sm90_tst_128x128', start + 30, 50),
-            kernel('cudnn_generated_fort_native_sdpa_sm90_flash_bprop', start + 80, 40)]
+  steps = [[_kernel('loop_add_fusion_0', start, 10), _kernel('loop_add_fusion_1', start + 10, 20),
+            _kernel('nvjet_sm90_tst_128x128', start + 30, 50),
+            _kernel('cudnn_generated_fort_native_sdpa_sm90_flash_bprop', start + 80, 40),
+            _kernel('sm90_xmma_gemm_bf16', start + 120, 60, op='custom-call.3'),
+            {'ph': 'X', 'pid': 7, 'name': 'loop_add_fusion.0', 'ts': start, 'dur': 1000}]
            for start in (0, 1000)]
-  path = tmp_path / 'trace.json.gz'
-  with gzip.open(path, 'wt') as f:
-    json.dump({'traceEvents': [{'ph': 'M', 'pid': 1, 'name': 'process_name',
-                                'args': {'name': '/device:GPU:0'}}] + steps[0] + steps[1]}, f)
-  summary = profile_step.summary(str(path), module, steps=2, top=3, flops=1.0)
+  path = _write_trace(tmp_path / 'trace.json.gz', steps[0] + steps[1])
+  summary = profile_step.summary(path, module, steps=2, top=4, flops=1.0)
   assert [(t['op'], t['class'], t['operations']) for t in summary['top_ops']] == [
+      ('jit(step)/layer_N/dense/dot_general', 'matmul', 1),
       ('a matmul library kernel', 'matmul', 1), ('a cuDNN kernel', 'unknown', 1),
       ('jit(step)/layer_N/norm/add', 'elementwise', 2)]
-  assert [t['secs'] for t in summary['top_ops']] == pytest.approx([50e-6, 40e-6, 30e-6])
-  assert summary['operation_secs'] == pytest.approx(120e-6)
+  assert [t['secs'] for t in summary['top_ops']] == pytest.approx([60e-6, 50e-6, 40e-6, 30e-6])
+  assert summary['operation_secs'] == pytest.approx(180e-6)
   assert summary['top'][-1]['op'] == 'jit(step)/layer_1/norm/add'  # each operation on its own
+
 
 def test_the_device_timeline_splits_busy_time_within_steps_from_idle_time_between_them(tmp_path):
   # Two steps on a GPU's timeline, 80 us apart: kernels at 0-10, 5-8 (on another stream, within
   # the first) and 12-20 us, then 100-110 and 110-130 us; a copy and a host event, which do not
   # count.
-  kernel = lambda start, end, tid=1: {'ph': 'X', 'pid': 1, 'tid': tid, 'name': 'k', 'ts': start,
-                                      'dur': end - start}
-  events = [{'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
-            {'ph': 'M', 'pid': 7, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
-            kernel(0, 10), kernel(5, 8, tid=2), kernel(12, 20), kernel(100, 110),
-            kernel(110, 130), {'ph': 'X', 'pid': 7, 'name': 'launch', 'ts': 20, 'dur': 80},
-            dict(kernel(50, 60, tid=3), name='MemcpyH2D')]  # the next batch's upload
-  path = tmp_path / 'trace.json.gz'
-  with gzip.open(path, 'wt') as f:
-    json.dump({'traceEvents': events}, f)
-  assert profile_step.device_timeline(str(path), steps=2) == pytest.approx(
+  events = [_kernel('k', 0, 10), _kernel('k', 5, 3, tid=2), _kernel('k', 12, 8),
+            _kernel('k', 100, 10), _kernel('k', 110, 20),
+            {'ph': 'X', 'pid': 7, 'name': 'launch', 'ts': 20, 'dur': 80},
+            _kernel('MemcpyH2D', 50, 10, tid=3)]  # the next batch's upload
+  path = _write_trace(tmp_path / 'trace.json.gz', events)
+  assert profile_step.device_timeline(path, steps=2) == pytest.approx(
       {'busy_secs': 24e-6, 'span_secs': 25e-6, 'between_steps_secs': 80e-6})
-  del events[0]  # no accelerator: a CPU's trace
-  with gzip.open(path, 'wt') as f:
-    json.dump({'traceEvents': events}, f)
-  assert profile_step.device_timeline(str(path), steps=2) is None
+  path = _write_trace(tmp_path / 'trace.json.gz', events, gpu=False)  # a CPU's trace
+  assert profile_step.device_timeline(path, steps=2) is None
 
 
 def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_variants():
