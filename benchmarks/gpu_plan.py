@@ -2,19 +2,14 @@ r"""XLA's plan for the train step on an H100, compiled on a machine without a GP
 
   pip install -e '.[cuda12]'  # jax's CUDA plugin ('.[cuda13]' too); no GPU or driver needed
   python -m benchmarks.gpu_plan [--size=base] [--shape=256x64] [--packed]
-      [--variant='key=value ...']... [--flax_dir=DIR] [--name=gpu_plan]
+      [--variant='key=value ...']... [--flax_dir=DIR, '' for none] [--name=gpu_plan]
 
-jax compiles for a GPU described by XLA's target config (`jax.experimental.topologies`, XLA's
-deviceless compilation), so what XLA would launch on an H100 can be read anywhere: our train step
-(each --variant's config overrides, its `xla_flags` as options of that program) and flax
-examples/wmt's at the same size, as the kernels of one step by class (benchmarks/hlo.py), the
-bytes that those which are not matmuls move (bound by bandwidth: the H100 moved them at 71% of
-its 3.35 TB/s, docs/speed.md), the split-K matmuls whose partial sums XLA adds in a kernel
-that transposes them, and what the host launches: the CUDA graphs the kernels run in, and the
-kernels and calls it launches one by one outside them (read from XLA's dump of the program's
-thunks). Without a GPU XLA cannot autotune, so matmuls get its default tilings and the plan
-approximates the one an H100 compiles; times come only from a GPU (benchmarks/profile_step.py).
-The implementations are those an H100 runs (`kernels.choice`). Writes
+Compiles our train step (a plan per --variant, its `xla_flags` as the program's options, the
+kernels an H100 gets from `kernels.choice`) and flax examples/wmt's for the H100 that `H100`
+describes, and counts with benchmarks/hlo.py what one step launches: its kernels by class, the
+bytes those that are not matmuls move, the split-K sums, the CUDA graphs and the thunks launched
+alone. Without a GPU XLA cannot autotune: matmuls get its default tilings, so the plan
+approximates an H100's; times come only from a GPU (benchmarks/profile_step.py). Writes
 benchmarks/results/<name>.{json,md}.
 """
 

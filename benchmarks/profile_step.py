@@ -1,23 +1,17 @@
 r"""Where the training step's time goes: a jax.profiler trace read against XLA's optimized HLO.
 
   python -m benchmarks.profile_step [--size=multi30k|base] [--variant='key=value ...']
-      [--side=ours|flax] [--shape=128x32] [--packed] [--steps=5] [--top=12]
-      [--name=profile_step]
+      [--side=ours|flax] [--shape=128x32] [--packed] [--steps=5] [--top=12] [--name=profile_step]
 
-Runs our pmapped train step (configs/multi30k.py's model or the paper's base of
-configs/default.py, with the variant's config overrides; the random batch of vs_flax.py, or with
---packed one packed as train.py packs Multi30k's, with segment ids and positions), or with
---side=flax that of flax's examples/wmt at the same size (see vs_flax.py), under
-`jax.profiler.trace` and adds up the time of each XLA operation the trace records: the thunks a
-CPU runs, or the kernels on an accelerator's timeline (by the HLO operation that launched them).
-Each operation is classed by what its HLO computes, read from the step's optimized HLO:
-matmul (a fusion around a dot), reduction (softmax, LayerNorm, loss sums), layout (copy,
-transpose), elementwise (any other fusion), other. Prints the classes' shares, the heaviest
-operations with the jax op that made them, the heaviest jax ops with their layers' operations
-summed, and the model FLOP/s of the step and of its matmuls alone (6 FLOPs per parameter and real
-token, over matmul time) beside the matmul peak of measure.py in the model's dtype; on an
-accelerator also how busy its timeline was within each step and how long it idled between steps
-(`device_timeline`). Writes benchmarks/results/<name>.{json,md}.
+Traces --steps of our pmapped train step (--size's config with every --variant's overrides;
+vs_flax.py's random batch, or with --packed one packed as train.py's, `workload.packed_batch`),
+or with --side=flax flax examples/wmt's, and sums each XLA operation's time: a CPU's thunks, or
+an accelerator's kernels by the operation that launched them, classed by what its HLO computes
+(matmul, reduction, layout, elementwise, other: `hlo.hlo_classes`). Prints the classes' shares,
+the heaviest operations and jax ops (every layer's summed), the model FLOP/s (6 per parameter and
+real token) of the step and over matmul time beside measure.py's matmul peak, and on an
+accelerator how busy its timeline was (`device_timeline`). Writes
+benchmarks/results/<name>.{json,md}.
 """
 
 import collections
