@@ -32,6 +32,7 @@ from benchmarks.hlo import kernel_bytes, kernels_by_class, launches, split_k_sum
 from benchmarks.measure import write_results  # noqa: E402
 from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
                                  load_config, parse_shape)
+from transformer.data import batching  # noqa: E402
 from transformer.kernels.choice import Machine  # noqa: E402
 
 _SIZE = flags.DEFINE_enum('size', 'base', list(CONFIG_FILES), "The model's config.")
@@ -109,10 +110,12 @@ def compile_for_h100(mesh, step, args, options: dict) -> tuple[str, str]:
       return compiled.as_text(), f.read()
 
 
-def markdown(rows: list[dict], size: str, shape: str) -> str:
+def markdown(results: dict) -> str:
+  rows = results['rows']
   classes = sorted({c for row in rows for c in row['kernels']})
   lines = [f'XLA\'s plan of one train step for an NVIDIA H100, compiled without one by jax '
-           f'{jax.__version__} (`python -m benchmarks.gpu_plan`): {size} size, {shape} batch. '
+           f'{results["jax"]} (`python -m benchmarks.gpu_plan`): {results["size"]} size, '
+           f'{results["shape"]} batch. '
            'GB moved: what the kernels that are not matmuls or cuDNN\'s attention read and '
            'write, Pallas kernels (class other) included (`benchmarks.hlo.kernel_bytes`), which '
            'bounds their time from below at the H100\'s '
@@ -141,26 +144,25 @@ def main(argv):
   mesh = h100_mesh()
   jax.default_backend = lambda: 'gpu'  # the Pallas kernels lower for a GPU, not the interpreter
   rows, length = parse_shape(_SHAPE.value)
-  names = Flax.INPUT_NAMES if _PACKED.value else ('sources', 'targets')  # a batch's keys
-  batch = {name: jax.ShapeDtypeStruct((rows, length), jnp.int32) for name in names}
-  results = []
+  batch = {name: jax.ShapeDtypeStruct((rows, length), jnp.int32)
+           for name in batching.batch_names(_PACKED.value)}
+  plans = []
   for variant in _VARIANTS.value:
     ours = Ours(load_config(variant, _SIZE.value), H100_MACHINE)
     state = jax.tree_util.tree_map(lambda x: x[0], ours.state)
     compiled = compile_for_h100(mesh, ours.steps.train_step, (state, batch),
                                 ours.compiler_options)
-    results.append({'side': 'ours', 'variant': variant, **plan(*compiled)})
+    plans.append({'side': 'ours', 'variant': variant, **plan(*compiled)})
   if _FLAX_DIR.value:
     theirs = Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
     state = jax.tree_util.tree_map(lambda x: x[0], theirs.state)
     step = lambda state, batch, rng: theirs.train_step(state, batch, dropout_rng=rng)
     compiled = compile_for_h100(mesh, step, (state, theirs.inputs(batch),
                                              theirs.dropout_rngs[0]), {})
-    results.append({'side': 'flax', 'variant': '', **plan(*compiled)})
-  shape = _SHAPE.value + (' packed' if _PACKED.value else '')
-  write_results(_OUTPUT.value, _NAME.value,
-                {'size': _SIZE.value, 'shape': shape, 'device': 'NVIDIA H100 80GB HBM3',
-                 'jax': jax.__version__, 'rows': results}, markdown(results, _SIZE.value, shape))
+    plans.append({'side': 'flax', 'variant': '', **plan(*compiled)})
+  results = {'size': _SIZE.value, 'shape': _SHAPE.value + (' packed' if _PACKED.value else ''),
+             'device': 'NVIDIA H100 80GB HBM3', 'jax': jax.__version__, 'rows': plans}
+  write_results(_OUTPUT.value, _NAME.value, results, markdown(results))
 
 
 if __name__ == '__main__':
