@@ -24,30 +24,16 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import app  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from benchmarks.hlo import kernel_bytes, kernels_by_class, launches, split_k_sums  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
-from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,  # noqa: E402
-                                 load_config, parse_shape)
+from benchmarks.workload import (Flax, Ours, define_workload_flags,  # noqa: E402
+                                 fetch_flax_examples, load_config, parse_shape)
 from transformer.data import batching  # noqa: E402
 from transformer.kernels.choice import Machine  # noqa: E402
-
-_SIZE = flags.DEFINE_enum('size', 'base', list(CONFIG_FILES), "The model's config.")
-_SHAPE = flags.DEFINE_string('shape', '256x64', 'Training batch, rows x length.')
-_PACKED = flags.DEFINE_bool(
-    'packed', False, "Rows packed with several pairs, as train.py's batches with packing=True: "
-    'the batch carries segment ids and positions.')
-_VARIANTS = flags.DEFINE_multi_string(
-    'variant', [''], "Space-separated key=value config overrides, one plan each ('' as is).")
-_FLAX_DIR = flags.DEFINE_string(
-    'flax_dir', FLAX_DIR, "Where flax examples/wmt is (fetched from the flax sdist if absent); "
-    "'' leaves flax's step out.")
-_NAME = flags.DEFINE_string('name', 'gpu_plan', 'Results go to <name>.json and <name>.md.')
-_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
-                              'Where the results go.')
 
 # An H100 80GB HBM3 (SXM) as XLA's GpuTargetConfig describes a device; CUDA 12.9 and cuDNN 9.8,
 # as jax[cuda12] installs them, and the H100 machine's driver (580, CUDA 13.0): without a driver
@@ -147,7 +133,7 @@ def main(argv):
   batch = {name: jax.ShapeDtypeStruct((rows, length), jnp.int32)
            for name in batching.batch_names(_PACKED.value)}
   plans = []
-  for variant in _VARIANTS.value:
+  for variant in _VARIANTS.value or ['']:
     ours = Ours(load_config(variant, _SIZE.value), H100_MACHINE)
     state = jax.tree_util.tree_map(lambda x: x[0], ours.state)
     compiled = compile_for_h100(mesh, ours.steps.train_step, (state, batch),
@@ -165,5 +151,7 @@ def main(argv):
   write_results(_OUTPUT.value, _NAME.value, results, markdown(results))
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # flags here: the tests import the module beside other benchmarks
+  _SIZE, _VARIANTS, _FLAX_DIR, _NAME, _OUTPUT, _SHAPE, _PACKED = define_workload_flags(
+      'gpu_plan', 'one plan each, the config as it is without one', size='base', shape='256x64')
   app.run(main)

@@ -29,22 +29,9 @@ from absl import app, flags
 
 from benchmarks.hlo import hlo_classes
 from benchmarks.measure import machine, machine_name, matmul_peak, write_results
-from benchmarks.workload import (CONFIG_FILES, FLAX_DIR, Flax, Ours, fetch_flax_examples,
+from benchmarks.workload import (Flax, Ours, define_workload_flags, fetch_flax_examples,
                                  load_config, packed_batch, parse_shape, random_batch)
 
-_SHAPE = flags.DEFINE_string('shape', '128x32', 'Training batch, rows x length.')
-_PACKED = flags.DEFINE_bool('packed', False, "Rows packed with several pairs, as train.py's "
-                            'batches with packing=True (`workload.packed_batch`).')
-_STEPS = flags.DEFINE_integer('steps', 5, 'Steps traced.')
-_TOP = flags.DEFINE_integer('top', 12, 'Heaviest operations listed.')
-_SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The model\'s config.')
-_VARIANT = flags.DEFINE_string('variant', '', 'Space-separated key=value config overrides.')
-_SIDE = flags.DEFINE_enum('side', 'ours', ['ours', 'flax'], 'Whose train step is traced.')
-_FLAX_DIR = flags.DEFINE_string(
-    'flax_dir', FLAX_DIR, 'Where flax examples/wmt is (fetched from the flax sdist if absent).')
-_NAME = flags.DEFINE_string('name', 'profile_step', 'Results go to <name>.json and <name>.md.')
-_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
-                              'Where the results go.')
 
 def operation_seconds(path: str, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
   """Seconds and events per HLO instruction name over a trace's complete events.
@@ -126,7 +113,8 @@ def main(argv):
 
 def measure() -> dict:
   """Traces --steps train steps and sums up the trace."""
-  ours = Ours(load_config(_VARIANT.value, _SIZE.value))
+  variant = ' '.join(_VARIANTS.value)
+  ours = Ours(load_config(variant, _SIZE.value))
   make_batch = packed_batch if _PACKED.value else random_batch
   batch = make_batch(np.random.default_rng(0), *parse_shape(_SHAPE.value),
                      ours.model_config.vocab_size)
@@ -151,7 +139,7 @@ def measure() -> dict:
       'step_secs': step_secs,
       'model_flops_per_sec': float(flops / step_secs),
       'matmul_peak_flops_per_sec': matmul_peak(5, ours.model_config.dtype)['flops_per_sec'],
-      'size': _SIZE.value, 'variant': _VARIANT.value, 'side': _SIDE.value,
+      'size': _SIZE.value, 'variant': variant, 'side': _SIDE.value,
       'machine': machine(), **results}
 
 
@@ -219,5 +207,10 @@ def markdown(r: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # flags here: the tests import the module beside other benchmarks
+  _SIZE, _VARIANTS, _FLAX_DIR, _NAME, _OUTPUT, _SHAPE, _PACKED = define_workload_flags(
+      'profile_step', 'all of them together', shape='128x32')
+  _STEPS = flags.DEFINE_integer('steps', 5, 'Steps traced.')
+  _TOP = flags.DEFINE_integer('top', 12, 'Heaviest operations listed.')
+  _SIDE = flags.DEFINE_enum('side', 'ours', ['ours', 'flax'], 'Whose train step is traced.')
   app.run(main)

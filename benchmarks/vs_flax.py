@@ -47,7 +47,6 @@ same count for both sides). Writes benchmarks/results/<name>.{json,md}.
 """
 
 import functools
-import os
 import statistics
 
 import jax
@@ -57,13 +56,11 @@ from absl import app, flags
 
 from benchmarks.measure import (machine, machine_name, matmul_peak, round_robin, tflops,
                                 write_results)
-from benchmarks.workload import (ALPHA, BEAM_SIZE, CONFIG_FILES, EXTRA_LENGTH, FLAX_DIR, Flax,
-                                 Ours, differences, fetch_flax_examples, like_flax, load_config,
-                                 parse_shape, random_batch)
+from benchmarks.workload import (ALPHA, BEAM_SIZE, EXTRA_LENGTH, Flax, Ours,
+                                 define_workload_flags, differences, fetch_flax_examples,
+                                 like_flax, load_config, parse_shape, random_batch)
 from transformer import decode
 
-_FLAX_DIR = flags.DEFINE_string(
-    'flax_dir', FLAX_DIR, 'Where flax examples/wmt is (fetched from the flax sdist if absent).')
 _REPEATS = flags.DEFINE_integer('repeats', 15, 'Rounds timed; each runs both sides once.')
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
                                   'Training batches, rows x length.')
@@ -72,13 +69,7 @@ _STEPS_PER_CALL = flags.DEFINE_list(
     'for each.')
 _BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24',
                                   "Beam search batch, sentences x length; '' for none.")
-_SIZE = flags.DEFINE_enum('size', 'multi30k', list(CONFIG_FILES), 'The models\' config.')
-_VARIANTS = flags.DEFINE_multi_string(
-    'variant', [], 'Space-separated key=value config overrides of one more of ours, on top of '
-    'the like-for-like config.')
-_NAME = flags.DEFINE_string('name', 'vs_flax', 'Results go to <name>.json and <name>.md.')
-_OUTPUT = flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
-                              'Where vs_flax.json and vs_flax.md go.')
+
 
 def alternate(sides: dict, references: dict, repeats: int) -> dict:
   """{side: median seconds per step, and for each in `references` the ratio of its reference's
@@ -221,4 +212,6 @@ def markdown(results: dict) -> str:
 
 
 if __name__ == '__main__':
+  _SIZE, _VARIANTS, _FLAX_DIR, _NAME, _OUTPUT = define_workload_flags(
+      'vs_flax', 'each one more of ours, on top of the like-for-like config')
   app.run(main)

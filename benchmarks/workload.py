@@ -395,3 +395,25 @@ def differences(ours: Ours, theirs: Flax, batch) -> dict:
   """{what differs: (ours, flax's)} of `described`; empty for a like-for-like pair."""
   mine, flax_side = described(ours, batch), described(theirs, batch)
   return {key: (mine[key], flax_side[key]) for key in mine if mine[key] != flax_side[key]}
+
+
+def define_workload_flags(name: str, variants: str, size: str = 'multi30k',
+                          shape: str | None = None) -> tuple:
+  """Defines the flags that vs_flax.py, profile_step.py and gpu_plan.py share, with the script's
+  defaults, as it starts (so that the modules import beside each other and the other benchmarks):
+  --size, --variant (`variants`: what several do), --flax_dir, --name, --output, and with a
+  `shape` --shape and --packed. Returns their holders in that order."""
+  holders = (
+      flags.DEFINE_enum('size', size, list(CONFIG_FILES), "The model's config."),
+      flags.DEFINE_multi_string('variant', [], "Space-separated key=value config overrides "
+                                f"(train.py's --config.key=value without the prefix); {variants}"),
+      flags.DEFINE_string('flax_dir', FLAX_DIR,
+                          'Where flax examples/wmt is (fetched from the flax sdist if absent).'),
+      flags.DEFINE_string('name', name, 'Results go to <name>.json and <name>.md.'),
+      flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results'),
+                          'Where the results go.'))
+  if shape is None:
+    return holders
+  return (*holders, flags.DEFINE_string('shape', shape, 'Training batch, rows x length.'),
+          flags.DEFINE_bool('packed', False, "Rows packed with several pairs, as train.py's "
+                            'batches with packing=True, with segment ids and positions.'))
