@@ -69,11 +69,10 @@ def _trace_events(path: str) -> tuple[list[dict], set[int]]:
 
 def device_timeline(path: str, steps: int) -> dict | None:
   """When the accelerator computed, per step: `busy_secs` (its kernels, overlaps counted once;
-  copies left out),
-  `span_secs` (from a step's first kernel to its last) and `between_steps_secs` (idle between
-  one step's last kernel and the next's first: the host's share when each step is waited for,
-  as here). The `steps - 1` longest idle gaps are taken as the steps' boundaries. None without an
-  accelerator's timeline (a CPU's)."""
+  copies left out), `span_secs` (from a step's first kernel to its last) and `between_steps_secs`
+  (idle between one step's last kernel and the next's first: the host's share when each step is
+  waited for, as here). The `steps - 1` longest idle gaps are taken as the steps' boundaries.
+  None without an accelerator's timeline (a CPU's)."""
   events, devices = _trace_events(path)
   # Copies (the next batch's upload) run on streams of their own, beside the computation.
   intervals = sorted((e['ts'], e['ts'] + e['dur']) for e in events
