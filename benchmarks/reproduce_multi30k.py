@@ -6,27 +6,21 @@ r"""Multi30k reproduction: train.py from scratch, then eval.py's BLEU, as a row 
       [--alpha=A] --label=NAME
   python -m benchmarks.reproduce_multi30k --rescore=LABEL --splits=test
 
-Trains `configs/multi30k.py:<pair>` (with the overrides) in a new --workdir (default
-runs/reproduce/<label>) and times train.py as a whole: vocabulary, data preparation, compilation,
-periodic evaluation and its closing BLEU included. Then `eval.py` translates each split with the
-config's beam search and checkpoint averaging. The row goes under --label into
-benchmarks/results/multi30k.json, and multi30k.md is rewritten from all rows: every row scored on
-test, the recipe (rows without overrides but a seed) first; then runs that differ only in their
-seed, as a mean and its range; then every row's validation BLEU, the variants (rows with overrides)
-beside the recipe, as a recipe is chosen on validation only.
+Trains `configs/multi30k.py:<pair>` with the overrides in a new --workdir (default
+runs/reproduce/<label>), timing the whole of train.py, then eval.py scores each split. The row goes
+under --label into benchmarks/results/multi30k.json; multi30k.md shows every row scored on test,
+the recipe (no overrides but a seed) first; runs that differ only in their seed, as a mean and its
+range; and every row's validation BLEU, as a recipe is chosen on validation only.
 
---rescore=LABEL trains nothing: eval.py scores the run of the row LABEL again with another
-checkpoint average, beam or length penalty, a row whose overrides are LABEL's plus those given
-(`average_last=N`, `beam_size=B`, `alpha=A`; its training minutes and machine are LABEL's),
-scored on the splits LABEL was: test2016 only where LABEL's run was, as another decoding of a run is
-tuning. Without those, it scores the splits row LABEL lacks (test2016, once a candidate is chosen
-on validation) and adds them to it. --splits names the splits instead.
+--rescore=LABEL trains nothing. Given --average_last, --beam_size or --alpha, eval.py scores row
+LABEL's run another way: a new row, LABEL's overrides plus those, with LABEL's training minutes and
+machine, on the splits LABEL was scored on (test2016 only where LABEL was: another decoding is
+tuning). Without them, row LABEL is scored on the splits it lacks (test2016, once a candidate is
+chosen on validation). --splits names the splits instead.
 
-eval.py is given each row's decoding whole, as its overrides turn today's config into it: a run
-trained under an older recipe keeps that recipe's decoding in its config.json, which a row of
-today's config must not inherit. A row also keeps its run's config (config.json without the data's
-path): when the recipe changes, a test finds each row whose overrides no longer turn today's config
-into the one its run trained (tests/test_benchmarks.py).
+eval.py decodes as today's config with a row's overrides says, not as its run's config.json (maybe
+an older recipe's). A row keeps that config.json, less the data's path, so that a test finds the
+rows whose overrides no longer turn today's config into it (tests/test_benchmarks.py).
 """
 
 import json
