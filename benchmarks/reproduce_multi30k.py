@@ -32,6 +32,7 @@ import time
 
 from absl import app, flags
 from flax import traverse_util
+from ml_collections import config_flags
 
 from benchmarks.measure import add_row, commit, machine, machine_name
 from configs import multi30k
@@ -77,19 +78,24 @@ def rescored() -> tuple[str, str, dict, list[str]]:
   """The run of the row --rescore names; (its workdir, the label and row its scores go to, the
   splits to score): a new row with the decoding changes given, on the splits the row named was
   scored on, or without any changes, that row itself, on the splits it lacks."""
+  label = FLAGS.rescore
   if FLAGS.splits == []:  # pylint: disable=use-implicit-booleaness-not-comparison
-    raise SystemExit(f'--rescore={FLAGS.rescore}: --splits is empty: name the splits to score '
+    raise SystemExit(f'--rescore={label}: --splits is empty: name the splits to score '
                      f'({", ".join(SPLITS)}), or leave it out')
   with open(os.path.join(FLAGS.output, 'multi30k.json')) as f:
     rows = json.load(f)
-  scored = _row(rows, FLAGS.rescore)['splits']
+  if label not in rows:
+    raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
+  row = rows[label]
   if changes := decoding():
-    splits = splits_or([split for split in SPLITS if split in scored] or ['validation'])
-    return (workdir_of(FLAGS.rescore), FLAGS.label, rescored_row(rows, FLAGS.rescore, changes),
-            splits)
-  splits = splits_or([split for split in SPLITS if split not in scored])
-  return (workdir_of(FLAGS.rescore), FLAGS.rescore, completed_row(rows, FLAGS.rescore, splits),
-          splits)
+    splits = splits_or([split for split in SPLITS if split in row['splits']] or ['validation'])
+    return workdir_of(label), FLAGS.label, rescored_row(row, changes), splits
+  splits = splits_or([split for split in SPLITS if split not in row['splits']])
+  if (scored := [split for split in splits if split in row['splits']]) or not splits:
+    raise SystemExit(f'--rescore={label}: already scored on {", ".join(scored or row["splits"])}; '
+                     'give --splits it lacks, or --average_last=N, --beam_size=B or --alpha=A to '
+                     'score it another way')
+  return workdir_of(label), label, row, splits
 
 
 def splits_or(default: list[str]) -> list[str]:
@@ -99,53 +105,30 @@ def splits_or(default: list[str]) -> list[str]:
 
 def decoding() -> dict:
   """The decoding flags given, eval.py's names to their values: those a rescore changes."""
-  given = {name: getattr(FLAGS, name) for name in DECODING}
-  return {name: value for name, value in given.items() if value is not None}
+  return {name: getattr(FLAGS, name) for name in DECODING if getattr(FLAGS, name) is not None}
 
 
-def _row(rows: dict, label: str) -> dict:
-  """Row `label` of `rows`; an error naming the rows there are if it is not one."""
-  if label not in rows:
-    raise SystemExit(f'--rescore={label}: no such row in multi30k.json (rows: {", ".join(rows)})')
-  return rows[label]
-
-
-def rescored_row(rows: dict, label: str, changes: dict) -> dict:
-  """Row `label`'s training fields and machine, its overrides followed by `changes` (which replace
-  an override of the same key)."""
-  base = _row(rows, label)
-  changed = [f'{name}={value}' for name, value in changes.items()]
-  kept = [o for o in base['overrides'] if o.split('=', 1)[0] not in changes]  # replaced, not twice
-  trained = {key: base[key] for key in ('steps', 'train_minutes', 'config', 'machine')
-             if key in base}  # rows written before rows kept their config have none
-  return {'pair': base['pair'], 'overrides': kept + changed, **trained}
-
-
-def completed_row(rows: dict, label: str, splits: list[str]) -> dict:
-  """Row `label` as it is, to be scored on `splits`, none of which it has."""
-  row = _row(rows, label)
-  scored = [split for split in splits if split in row['splits']]
-  if scored or not splits:
-    raise SystemExit(f'--rescore={label}: already scored on {", ".join(scored or row["splits"])}; '
-                     'give --splits it lacks, or --average_last=N, --beam_size=B or --alpha=A to '
-                     'score it another way')
-  return row
+def rescored_row(row: dict, changes: dict) -> dict:
+  """`row`'s training fields and machine, its overrides followed by `changes` (which replace an
+  override of the same key)."""
+  kept = [o for o in row['overrides'] if o.split('=', 1)[0] not in changes]  # replaced, not twice
+  trained = {key: row[key] for key in ('steps', 'train_minutes', 'config', 'machine')
+             if key in row}  # rows written before rows kept their config have none
+  return {'pair': row['pair'], 'overrides': kept + [f'{k}={v}' for k, v in changes.items()],
+          **trained}
 
 
 def stated_config(row: dict) -> dict:
   """The config a row states, flattened: today's `configs/multi30k.py:<pair>` with the row's
-  overrides, each read as its key's type. An override of a key since removed states nothing."""
-  stated = traverse_util.flatten_dict(multi30k.get_config(row['pair']).to_dict(), sep='.')
-  for override in row['overrides']:
-    name, value = override.split('=', 1)
-    if name in stated:
-      if isinstance(stated[name], bool):  # bool('False') is True
-        if value.lower() not in ('true', 'false'):
-          raise ValueError(f'override {override!r}: {name} is True or False')
-        stated[name] = value.lower() == 'true'
-      else:
-        stated[name] = type(stated[name])(value)
-  return stated
+  overrides, parsed as train.py parses its --config.key=value. An override of a key since removed
+  states nothing."""
+  keys = traverse_util.flatten_dict(multi30k.get_config(row['pair']).to_dict(), sep='.')
+  argv = ['reproduce_multi30k', f'--config={ROOT}/configs/multi30k.py:{row["pair"]}',
+          *(f'--config.{o}' for o in row['overrides'] if o.split('=', 1)[0] in keys)]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  return traverse_util.flatten_dict(flag_values.config.to_dict(), sep='.')
 
 
 def unstated_training(row: dict) -> dict:
@@ -157,12 +140,6 @@ def unstated_training(row: dict) -> dict:
   stated, trained = stated_config(row), traverse_util.flatten_dict(row['config'], sep='.')
   shared = (stated.keys() & trained.keys()) - set(DECODING)
   return {key: (trained[key], stated[key]) for key in sorted(shared) if trained[key] != stated[key]}
-
-
-def stated_decoding(row: dict) -> dict:
-  """The decoding a row states, eval.py's names to their values."""
-  stated = stated_config(row)
-  return {name: stated[name] for name in DECODING}
 
 
 def main(argv):
@@ -178,19 +155,19 @@ def main(argv):
   row.setdefault('splits', {})
   row.setdefault('commit', code)  # a row scored on more splits keeps the commit it trained
   row.setdefault('machine', machine())  # where the training minutes were measured
-  decode_flags = [f'--{name}={value}' for name, value in stated_decoding(row).items()]
+  stated = stated_config(row)
   for split in splits:
     output_dir = os.path.join(workdir, f'eval_{label}_{split}')
     run('eval.py', f'--workdir={workdir}', f'--split={split}', f'--output_dir={output_dir}',
-        *decode_flags)
+        *(f'--{name}={stated[name]}' for name in DECODING))
     with open(os.path.join(output_dir, 'scores.json')) as f:
       row['splits'][split] = json.load(f)
 
   add_row(FLAGS.output, 'multi30k', label, row, markdown)
 
 
-def overrides_text(row: dict) -> str:
-  return ' '.join(row['overrides']) or '(the recipe)'
+def overrides_text(overrides: list[str]) -> str:
+  return ' '.join(overrides) or '(the recipe)'
 
 
 def seed_of(row: dict) -> int:
@@ -247,7 +224,7 @@ def markdown(rows: dict) -> str:
   for r in sorted(tested, key=lambda r: bool(but_the_seed(r))):  # stable: the recipe first
     for split, s in r['splits'].items():
       lines.append(
-          f'| {r["pair"]} | {overrides_text(r)} | {split} | '
+          f'| {r["pair"]} | {overrides_text(r["overrides"])} | {split} | '
           f'{s["sacrebleu"]:.2f} | {s["bleu_paper"]:.2f} | {lowercased(s)} | {r["steps"]} | '
           f'{r["train_minutes"]:.1f} | {s["sentences_per_sec"]:.1f} | {s["checkpoint_steps"]} | '
           f'{machine_name(r["machine"])} | {r["commit"]} |')
@@ -258,7 +235,7 @@ def markdown(rows: dict) -> str:
   for group in sorted(seed_groups(rows), key=lambda g: bool(but_the_seed(g[0]))):  # recipe first
     first = group[0]
     minutes = statistics.mean(r['train_minutes'] for r in group)
-    lines.append(f'| {first["pair"]} | {" ".join(but_the_seed(first)) or "(the recipe)"} | '
+    lines.append(f'| {first["pair"]} | {overrides_text(but_the_seed(first))} | '
                  f'{", ".join(str(seed_of(r)) for r in group)} | {over_seeds(group, "test")} | '
                  f'{over_seeds(group, "test", "bleu_lowercased")} | '
                  f'{over_seeds(group, "validation")} | {minutes:.1f} | '
@@ -270,7 +247,7 @@ def markdown(rows: dict) -> str:
   for label, r in rows.items():
     if 'validation' in r['splits']:
       s = r['splits']['validation']
-      lines.append(f'| {label} | {r["pair"]} | {overrides_text(r)} | '
+      lines.append(f'| {label} | {r["pair"]} | {overrides_text(r["overrides"])} | '
                    f'{r["steps"]} | {r["train_minutes"]:.1f} | {s["sacrebleu"]:.2f} | '
                    f'{s["bleu_paper"]:.2f} | {lowercased(s)} | {machine_name(r["machine"])} |')
   return '\n'.join(lines) + '\n'

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import flags
 from flax import traverse_util
 
 from benchmarks import decoding_speed, hlo, profile_step, reproduce_multi30k, wmt_scale, workload
@@ -277,129 +278,65 @@ def test_the_device_timeline_splits_busy_time_within_steps_from_idle_time_betwee
   assert profile_step.device_timeline(path, steps=2) is None
 
 
-def test_reproduction_table_puts_the_recipe_first_and_every_run_beside_the_variants():
-  machine = {'cores': 2, 'cpu': 'CPU'}
-  scores = {'sacrebleu': 38.123, 'bleu_paper': 39.5, 'sentences_per_sec': 20.0,
-            'checkpoint_steps': [1900, 2000]}
-  rows = {
-      'recipe': {'pair': 'en-de', 'overrides': [], 'steps': 2000, 'train_minutes': 55.04,
-                 'splits': {'validation': dict(scores, sacrebleu=37.0), 'test': scores},
-                 'machine': machine, 'commit': 'abc1234'},
-      'dropout 0.3': {'pair': 'en-de', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
-                      'train_minutes': 56.0, 'splits': {'validation': dict(scores, sacrebleu=36.5)},
-                      'machine': machine, 'commit': 'abc1234'},
-      'on a GPU': {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 2000, 'train_minutes': 4.0,
-                   'splits': {'validation': dict(scores, sacrebleu=37.5, bleu_lowercased=40.25)},
-                   'commit': 'abc1234',
-                   'machine': {'cores': 16, 'cpu': 'CPU', 'accelerator': 'H100', 'devices': 1}}}
-  # An earlier recipe, scored on test, written before the recipe.
-  rows = {'3 layers': {'pair': 'en-de', 'overrides': ['model.num_encoder_layers=3'], 'steps': 2000,
-                       'train_minutes': 70.0, 'splits': {'test': dict(scores, sacrebleu=38.5)},
-                       'machine': machine, 'commit': 'def5678'}, **rows}
+def multi30k_row(overrides=(), test=None, validation=None, **fields) -> dict:
+  """A row of multi30k.json: en-de with `overrides`, scored on test and validation at the
+  sacreBLEU given (None: not scored on it); other fields as given."""
+  scores = {'bleu_paper': 1.0, 'sentences_per_sec': 1.0, 'checkpoint_steps': [10]}
+  splits = {split: dict(scores, sacrebleu=bleu)
+            for split, bleu in (('validation', validation), ('test', test)) if bleu is not None}
+  return {'pair': 'en-de', 'overrides': list(overrides), 'steps': 10, 'train_minutes': 1.0,
+          'splits': splits, 'commit': 'abc1234', 'machine': {'cores': 2, 'cpu': 'CPU'}, **fields}
+
+
+def reproduce_flags(monkeypatch, **given):
+  """Sets reproduce_multi30k.FLAGS to its flags' defaults, but those given."""
+  defaults = dict(pair='en-de', label='recipe', workdir=None, override=[], splits=None,
+                  rescore=None, average_last=None, beam_size=None, alpha=None, output=None)
+  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(**defaults | given))
+
+
+def test_runs_that_differ_only_in_their_seed_are_a_group_on_one_machine_the_recipe_first():
+  gpu = {'cores': 16, 'cpu': 'CPU', 'accelerator': 'H100', 'devices': 1}
+  rows = {'dropout 0.2': multi30k_row(['model.dropout_rate=0.2'], test=39.0),
+          'recipe seed 2 run before it failed': multi30k_row(['seed=2'], test=10.0),
+          'recipe': multi30k_row(test=40.0, validation=41.0),
+          'dropout 0.2 seed 1': multi30k_row(['seed=1', 'model.dropout_rate=0.2'], test=38.0),
+          'recipe seed 2': multi30k_row(['seed=2'], test=40.5, validation=42.0),
+          'recipe seed 1, GPU': multi30k_row(['seed=1'], test=40.0, machine=gpu),
+          'layers 3, validation only': multi30k_row(['model.num_encoder_layers=3'], validation=1.0),
+          'layers 3 seed 1': multi30k_row(['model.num_encoder_layers=3', 'seed=1'], test=39.0)}
+  # A seed run twice counts once, its latest row; the GPU's run stands apart from the CPU's, and a
+  # run scored on validation only is no seed of its configuration.
+  dropout = [rows['dropout 0.2'], rows['dropout 0.2 seed 1']]
+  recipe = [rows['recipe seed 2'], rows['recipe']]
+  assert reproduce_multi30k.seed_groups(rows) == [dropout, recipe]
+  assert reproduce_multi30k.seed_groups(rows, min_seeds=1) == [
+      dropout, recipe, [rows['recipe seed 1, GPU']], [rows['layers 3 seed 1']]]
+  # The mean and range of a group, a group of one's value alone, '-' unless each row has it.
+  assert reproduce_multi30k.over_seeds(recipe, 'test') == '40.25 (40.00-40.50)'
+  assert reproduce_multi30k.over_seeds(recipe, 'validation') == '41.50 (41.00-42.00)'
+  assert reproduce_multi30k.over_seeds([rows['layers 3 seed 1']], 'test') == '39.00'
+  assert reproduce_multi30k.over_seeds(dropout, 'validation') == '-'
+  # The recipe's group (its seed=N runs in it) first in the table.
   table = reproduce_multi30k.markdown(rows).splitlines()
-  # Every run scored on test, the recipe's splits first, each with the overrides it ran with.
-  assert [line for line in table if line.startswith('| en-de |')] == [
-      '| en-de | (the recipe) | validation | 37.00 | 39.50 | - | 2000 | 55.0 | 20.0 | '
-      '[1900, 2000] | 2 cores, CPU | abc1234 |',
-      '| en-de | (the recipe) | test | 38.12 | 39.50 | - | 2000 | 55.0 | 20.0 | [1900, 2000] | '
-      '2 cores, CPU | abc1234 |',
-      '| en-de | model.num_encoder_layers=3 | test | 38.50 | 39.50 | - | 2000 | 70.0 | 20.0 | '
-      '[1900, 2000] | 2 cores, CPU | def5678 |']
-  # No configuration was scored on test with 2 seeds: the table of seeds has no rows.
-  seeds_header = table.index('| pair | config overrides | seeds | test sacreBLEU | test lowercased '
-                             'BLEU | validation sacreBLEU | training minutes | machine |')
-  assert table[seeds_header + 2] == ''
-  # Every run's validation BLEU, the recipe's beside the variants'.
-  assert table[-3:] == [
-      '| recipe | en-de | (the recipe) | 2000 | 55.0 | 37.00 | 39.50 | - | 2 cores, CPU |',
-      '| dropout 0.3 | en-de | model.dropout_rate=0.3 | 2000 | 56.0 | 36.50 | 39.50 | - | '
-      '2 cores, CPU |',
-      '| on a GPU | en-de | seed=1 | 2000 | 4.0 | 37.50 | 39.50 | 40.25 | '
-      '16 cores, CPU, 1x H100 |']
+  seeds = table.index('| pair | config overrides | seeds | test sacreBLEU | test lowercased BLEU | '
+                      'validation sacreBLEU | training minutes | machine |')
+  assert [line.split(' | ')[1:3] for line in table[seeds + 2:seeds + 4]] == [
+      ['(the recipe)', '2, 0'], ['model.dropout_rate=0.2', '0, 1']]
 
 
-def test_runs_that_differ_only_in_their_seed_are_summed_up_as_mean_and_range():
-  machine = {'cores': 2, 'cpu': 'CPU'}
-
-  def row(overrides, test, validation, minutes=20.0, lowercased=None, on=machine):
-    test_scores = {'sacrebleu': test, 'bleu_paper': test, 'sentences_per_sec': 9.0,
-                   'checkpoint_steps': [1]}
-    if lowercased is not None:
-      test_scores['bleu_lowercased'] = lowercased
-    return {'pair': 'en-de', 'overrides': overrides, 'steps': 10, 'train_minutes': minutes,
-            'splits': {'validation': dict(test_scores, sacrebleu=validation), 'test': test_scores},
-            'machine': on, 'commit': 'abc1234'}
-
-  rows = {
-      'recipe': row([], 40.0, 41.0, minutes=21.0, lowercased=40.5),
-      'recipe seed 1': row(['seed=1'], 41.0, 40.0, minutes=22.0, lowercased=41.0),
-      'recipe seed 2 run before it failed': row(['seed=2'], 10.0, 10.0),
-      'recipe seed 2': row(['seed=2'], 40.5, 42.0, minutes=23.0, lowercased=41.5),
-      'recipe seed 1, GPU': row(['seed=1'], 40.0, 41.0, on=dict(machine, accelerator='H100',
-                                                                 devices=1)),
-      'dropout 0.2': row(['model.dropout_rate=0.2'], 39.0, 39.0),
-      'dropout 0.2 seed 1': row(['seed=1', 'model.dropout_rate=0.2'], 38.0, 38.5),
-      'layers 3, validation only': row(['model.num_encoder_layers=3'], 0, 0),
-      'layers 3 seed 1': row(['model.num_encoder_layers=3', 'seed=1'], 39.0, 39.0)}
-  del rows['layers 3, validation only']['splits']['test']
-  table = reproduce_multi30k.markdown(rows).splitlines()
-  # One line per configuration run with 2 seeds or more on one machine, a seed's latest row.
-  assert [line for line in table if ' | 0, 1' in line] == [
-      '| en-de | (the recipe) | 0, 1, 2 | 40.50 (40.00-41.00) | 41.00 (40.50-41.50) | '
-      '41.00 (40.00-42.00) | 22.0 | 2 cores, CPU |',
-      '| en-de | model.dropout_rate=0.2 | 0, 1 | 38.50 (38.00-39.00) | - | 38.75 (38.50-39.00) | '
-      '20.0 | 2 cores, CPU |']
-  # Asked for single seeds too, the GPU's run and the 3 layers' one test each stand alone, and a
-  # group of one is its value alone.
-  singles = [g for g in reproduce_multi30k.seed_groups(rows, min_seeds=1) if len(g) == 1]
-  assert singles == [[rows['recipe seed 1, GPU']], [rows['layers 3 seed 1']]]
-  assert reproduce_multi30k.over_seeds(singles[0], 'validation') == '41.00'
-  # The seed=1 and seed=2 runs of the recipe count as the recipe's, first in the table of tests.
-  first_rows = [line for line in table if line.startswith('| en-de |')][:4]
-  assert [line.split(' | ')[1:3] for line in first_rows] == [
-      ['(the recipe)', 'validation'], ['(the recipe)', 'test'], ['seed=1', 'validation'],
-      ['seed=1', 'test']]
-
-
-def test_a_rescored_row_is_its_runs_training_scored_another_way(monkeypatch):
-  machine = {'cores': 2, 'cpu': 'CPU'}
-  rows = {'dropout 0.3': {'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3'], 'steps': 2000,
-                          'train_minutes': 56.0, 'splits': {}, 'commit': 'abc1234',
-                          'machine': machine}}
-  assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', {'average_last': 10}) == {
-      'pair': 'en-fr', 'overrides': ['model.dropout_rate=0.3', 'average_last=10'], 'steps': 2000,
-      'train_minutes': 56.0, 'machine': machine}
-  trained = {'model': {'dropout_rate': 0.3}}  # the run's config, which a newer row keeps
-  assert reproduce_multi30k.rescored_row(
-      {'x': dict(rows['dropout 0.3'], config=trained)}, 'x', {'alpha': 0.6})['config'] == trained
-  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-      average_last=None, beam_size=6, alpha=1.0))
-  assert reproduce_multi30k.rescored_row(rows, 'dropout 0.3', reproduce_multi30k.decoding())[
-      'overrides'] == ['model.dropout_rate=0.3', 'beam_size=6', 'alpha=1.0']
-  rows['alpha 1.0'] = dict(rows['dropout 0.3'], overrides=['alpha=1.0', 'seed=1'])
-  assert reproduce_multi30k.rescored_row(rows, 'alpha 1.0', {'alpha': 0.6})['overrides'] == [
-      'seed=1', 'alpha=0.6']
-  del rows['alpha 1.0']
-  with pytest.raises(SystemExit, match=r'--rescore=recipe: no such row .*rows: dropout 0.3\)'):
-    reproduce_multi30k.rescored_row(rows, 'recipe', {'average_last': 10})
-  # Without a decoding change, the row itself, to be scored on the splits it lacks.
-  rows['dropout 0.3']['splits'] = {'validation': {'sacrebleu': 30.0}}
-  assert reproduce_multi30k.completed_row(rows, 'dropout 0.3', ['test']) is rows['dropout 0.3']
-  with pytest.raises(SystemExit, match=r'--rescore=dropout 0.3: already scored on validation; '
-                     'give --splits it lacks'):
-    reproduce_multi30k.completed_row(rows, 'dropout 0.3', ['validation', 'test'])
-
-
-def test_a_rescore_decodes_as_its_row_states_not_as_the_run_was_trained(monkeypatch, tmp_path):
-  """A run trained under an older recipe (alpha 0.6 in its config.json) rescored with beam 8 is a
-  row of today's config with beam 8: eval.py is told today's alpha, not left to the run's."""
-  rows = {'old': {'pair': 'en-de', 'overrides': ['seed=1'], 'steps': 10, 'train_minutes': 1.0,
-                  'splits': {}, 'commit': 'abc1234', 'machine': {'cores': 2, 'cpu': 'CPU'}},
-          'old_avg3': {'pair': 'en-de', 'overrides': ['average_last=3', 'alpha=0.6'], 'steps': 10,
-                       'train_minutes': 1.0, 'splits': {}, 'commit': 'abc1234',
-                       'machine': {'cores': 2, 'cpu': 'CPU'}}}
+def test_a_rescore_scores_its_rows_run_as_the_row_states_not_as_the_run_was_trained(
+    monkeypatch, tmp_path):
+  """Rescoring row LABEL with another decoding is a new row: LABEL's training and config, its
+  overrides with the change (replacing one of the same key), decoded as today's config with those
+  overrides says, not as the run's config.json says. Without a change, row LABEL itself is scored
+  on the splits it lacks and keeps the commit it trained."""
+  trained = {'alpha': 0.6}  # the run's config, an older recipe's, which a newer row keeps
+  rows = {'old': multi30k_row(['seed=1'], config=trained),
+          'old_avg3': multi30k_row(['average_last=3', 'alpha=0.6'])}
   with open(tmp_path / 'multi30k.json', 'w') as f:
     json.dump(rows, f)
+  scores = dict(sacrebleu=1.0, bleu_paper=1.0, sentences_per_sec=1.0, checkpoint_steps=[10])
   calls = []
 
   def run(*args):
@@ -407,84 +344,70 @@ def test_a_rescore_decodes_as_its_row_states_not_as_the_run_was_trained(monkeypa
     output_dir = next(a.split('=', 1)[1] for a in args if a.startswith('--output_dir='))
     os.makedirs(output_dir)
     with open(os.path.join(output_dir, 'scores.json'), 'w') as f:
-      json.dump(dict(sacrebleu=1.0, bleu_paper=1.0, sentences_per_sec=1.0, checkpoint_steps=[10]), f)
+      json.dump(scores, f)
 
   monkeypatch.setattr(reproduce_multi30k, 'run', run)
   monkeypatch.setattr(reproduce_multi30k, 'commit', lambda checkout: 'def5678')
-  for label, rescore, changes, decoding in [
-      ('new_beam8', 'old', dict(beam_size=8), ['--average_last=5', '--beam_size=8', '--alpha=1.0']),
-      ('new_alpha1', 'old_avg3', dict(alpha=1.0),
-       ['--average_last=3', '--beam_size=4', '--alpha=1.0'])]:
-    flags = dict(average_last=None, beam_size=None, alpha=None) | changes
-    monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-        label=label, splits=['validation'], output=str(tmp_path), rescore=rescore,
-        workdir=str(tmp_path / rescore), **flags))
+  # Without --splits (None), another decoding is scored on the splits its row was (test only
+  # where the row was, as that is tuning), and the row itself on those it lacks.
+  for label, rescore, changes, splits, (split, *decoding) in [
+      ('new_beam8', 'old', dict(beam_size=8), ['validation'], ('validation', 5, 8, 1.0)),
+      ('new_alpha1', 'old_avg3', dict(alpha=1.0), ['validation'], ('validation', 3, 4, 1.0)),
+      ('recipe', 'old', {}, ['test'], ('test', 5, 4, 1.0)),
+      ('old_avg10', 'old', dict(average_last=10), None, ('test', 10, 4, 1.0)),
+      ('new_beam8_alpha06', 'new_beam8', dict(alpha=0.6), None, ('validation', 5, 8, 0.6)),
+      ('new_beam8', 'new_beam8', {}, None, ('test', 5, 8, 1.0))]:
+    workdir = tmp_path / rescore
+    reproduce_flags(monkeypatch, label=label, rescore=rescore, splits=splits,
+                    output=str(tmp_path), workdir=str(workdir), **changes)
     reproduce_multi30k.main([])
-    assert list(calls.pop()[4:]) == decoding
-  # No decoding change: row 'old' itself is scored on test, and keeps the commit it trained.
-  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-      label='recipe', splits=['test'], output=str(tmp_path), rescore='old',
-      workdir=str(tmp_path / 'old'), average_last=None, beam_size=None, alpha=None))
-  reproduce_multi30k.main([])
-  assert list(calls.pop()[2:]) == [
-      '--split=test', f'--output_dir={tmp_path / "old" / "eval_old_test"}', '--average_last=5',
-      '--beam_size=4', '--alpha=1.0']
+    assert calls == [('eval.py', f'--workdir={workdir}', f'--split={split}',
+                      f'--output_dir={workdir / f"eval_{label if changes else rescore}_{split}"}',
+                      *(f'--{n}={v}' for n, v in zip(reproduce_multi30k.DECODING, decoding)))]
+    calls.clear()
   with open(tmp_path / 'multi30k.json') as f:
     written = json.load(f)
-  assert list(written) == ['old', 'old_avg3', 'new_beam8', 'new_alpha1']
-  assert (list(written['old']['splits']), written['old']['commit']) == (['test'], 'abc1234')
-  assert written['new_beam8']['overrides'] == ['seed=1', 'beam_size=8']
-  # Without --splits, another decoding is scored on the splits its row was (test only where the
-  # row was, as that is tuning) and the row itself on those it lacks.
-  for label, rescore, changes, splits in [
-      ('old_avg10', 'old', dict(average_last=10), ['test']),
-      ('new_beam8_alpha06', 'new_beam8', dict(alpha=0.6), ['validation']),
-      ('new_beam8', 'new_beam8', {}, ['test'])]:
-    flags = dict(average_last=None, beam_size=None, alpha=None) | changes
-    monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-        label=label, splits=None, output=str(tmp_path), rescore=rescore,
-        workdir=str(tmp_path / rescore), **flags))
-    reproduce_multi30k.main([])
-    assert [a for call in calls for a in call if a.startswith('--split=')] == [
-        f'--split={split}' for split in splits]
-    calls.clear()
-  with pytest.raises(SystemExit, match='new_beam8: already scored on validation, test; give'):
-    reproduce_multi30k.main([])
-  for changes in ({}, {'beam_size': 6}):  # an empty --splits names no split, changes or not
-    monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-        label='x', splits=[], output=str(tmp_path), rescore='new_beam8',
-        **(dict(average_last=None, beam_size=None, alpha=None) | changes)))
-    with pytest.raises(SystemExit, match=r'--rescore=new_beam8: --splits is empty: name the '
-                       r'splits to score \(validation, test\), or leave it out'):
+  assert list(written) == [
+      'old', 'old_avg3', 'new_beam8', 'new_alpha1', 'old_avg10', 'new_beam8_alpha06']
+  assert written['old'] == dict(rows['old'], splits={'test': scores})
+  assert written['new_beam8'] == dict(
+      rows['old'], overrides=['seed=1', 'beam_size=8'], commit='def5678',
+      splits={'validation': scores, 'test': scores})
+  assert written['new_alpha1'] == dict(rows['old_avg3'], overrides=['average_last=3', 'alpha=1.0'],
+                                       commit='def5678', splits={'validation': scores})
+  assert written['new_beam8_alpha06']['overrides'] == ['seed=1', 'beam_size=8', 'alpha=0.6']
+  empty_splits = (r'--rescore=x: --splits is empty: name the splits to score '
+                  r'\(validation, test\), or leave it out')
+  for given, error in [
+      (dict(rescore='recipe'), r'--rescore=recipe: no such row in multi30k.json \(rows: old, '),
+      (dict(rescore='new_beam8'), 'new_beam8: already scored on validation, test; give --splits'),
+      (dict(rescore='old', splits=['validation', 'test']), 'old: already scored on test; give'),
+      (dict(rescore='x', splits=[]), empty_splits),  # no split to score, a change given or not
+      (dict(rescore='x', splits=[], beam_size=6), empty_splits),
+      (dict(beam_size=8), 'a new run takes them as --override=key=value')]:
+    reproduce_flags(monkeypatch, output=str(tmp_path), **given)
+    with pytest.raises(SystemExit, match=error):
       reproduce_multi30k.main([])
-  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-      label='x', rescore=None, average_last=None, beam_size=8, alpha=None))
-  with pytest.raises(SystemExit, match='a new run takes them as --override=key=value'):
-    reproduce_multi30k.main([])
 
 
-def test_every_multi30k_row_was_scored_with_the_decoding_and_steps_it_states():
-  """Each row of benchmarks/results/multi30k.json: its scores' beam, length penalty, checkpoints
-  averaged and its steps are those of today's config with its overrides."""
-  with open(os.path.join(ROOT, 'benchmarks', 'results', 'multi30k.json'), encoding='utf-8') as f:
+def test_every_multi30k_row_states_how_its_run_trained_and_was_scored_and_is_in_the_table():
+  """Each row of benchmarks/results/multi30k.json: its steps, and its scores' beam, length penalty
+  and checkpoints averaged are those of today's config with its overrides, and so is its run's
+  config.json where the row keeps it; multi30k.md is the table of these rows."""
+  path = os.path.join(ROOT, 'benchmarks', 'results', 'multi30k')
+  with open(f'{path}.json', encoding='utf-8') as f:
     rows = json.load(f)
   for label, row in rows.items():
-    stated = reproduce_multi30k.stated_decoding(row)
-    steps = [multi30k.get_config(row['pair']).num_train_steps] + [
-        int(o.split('=', 1)[1]) for o in row['overrides'] if o.startswith('num_train_steps=')]
-    assert row['steps'] == steps[-1], label
+    stated = reproduce_multi30k.stated_config(row)
+    assert row['steps'] == stated['num_train_steps'], label
     for split, scores in row['splits'].items():
       assert (scores['beam_size'], scores['alpha'], len(scores['checkpoint_steps'])) == (
           stated['beam_size'], stated['alpha'], stated['average_last']), (label, split)
-
-
-def test_every_multi30k_row_states_the_config_its_run_trained():
-  """Today's config with a row's overrides is its run's config.json, for the rows that keep it."""
-  with open(os.path.join(ROOT, 'benchmarks', 'results', 'multi30k.json'), encoding='utf-8') as f:
-    rows = json.load(f)
   assert any('config' in row for row in rows.values()), 'no row of multi30k.json keeps its config'
   unstated = {label: reproduce_multi30k.unstated_training(row) for label, row in rows.items()}
   assert {label: keys for label, keys in unstated.items() if keys} == {}
+  with open(f'{path}.md', encoding='utf-8') as f:
+    assert reproduce_multi30k.markdown(rows) == f.read()
 
 
 def test_a_recipe_changed_without_its_older_rows_overrides_shows_in_them():
@@ -492,12 +415,11 @@ def test_a_recipe_changed_without_its_older_rows_overrides_shows_in_them():
   `lr_scale` override its row states today's rate, and so does the row rescoring it with beam 8;
   with the override, nothing differs."""
   today = multi30k.get_config('en-de')
-  before = multi30k.get_config('en-de')
-  before.update_from_flattened_dict({'lr_scale': today.lr_scale / 2, 'seed': 1})
-  row = {'pair': 'en-de', 'overrides': ['seed=1'], 'config': json.loads(before.to_json())}
+  before = json.loads(today.to_json()) | {'lr_scale': today.lr_scale / 2, 'seed': 1}
+  row = {'pair': 'en-de', 'overrides': ['seed=1'], 'config': before}
   assert reproduce_multi30k.unstated_training(row) == {
       'lr_scale': (today.lr_scale / 2, today.lr_scale)}
-  rescored = reproduce_multi30k.rescored_row({'old': row}, 'old', {'beam_size': 8})
+  rescored = reproduce_multi30k.rescored_row(row, {'beam_size': 8})
   assert reproduce_multi30k.unstated_training(rescored) == reproduce_multi30k.unstated_training(row)
   row['overrides'].insert(0, f'lr_scale={today.lr_scale / 2}')
   assert reproduce_multi30k.unstated_training(row) == {}
@@ -511,7 +433,8 @@ def test_a_row_states_its_overrides_each_as_its_keys_type(monkeypatch, tmp_path)
   today = traverse_util.flatten_dict(multi30k.get_config('en-fr').to_dict(), sep='.')
   assert reproduce_multi30k.stated_config(row) == today | {  # target_vocab_size: a removed key
       'lr_scale': 1.4, 'model.share_embeddings': False, 'model.d_ff': 1024}
-  with pytest.raises(ValueError, match="override 'packing=yes': packing is True or False"):
+  with pytest.raises(flags.IllegalFlagValueError,
+                     match='--config.packing=yes: .*Non-boolean argument to boolean flag'):
     reproduce_multi30k.stated_config(dict(row, overrides=['packing=yes']))
 
   def run(script, config_flag, workdir_flag, manual_dir_flag, *overrides):
@@ -527,8 +450,8 @@ def test_a_row_states_its_overrides_each_as_its_keys_type(monkeypatch, tmp_path)
 
   monkeypatch.setattr(reproduce_multi30k, 'run', run)
   monkeypatch.setattr(reproduce_multi30k, 'MANUAL_DIR', types.SimpleNamespace(value='/multi30k'))
-  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-      label='x', workdir=str(tmp_path / 'x'), pair='en-fr', override=['num_train_steps=7']))
+  reproduce_flags(monkeypatch, label='x', workdir=str(tmp_path / 'x'), pair='en-fr',
+                  override=['num_train_steps=7'])
   workdir, new_row = reproduce_multi30k.train()
   assert (workdir, new_row['steps'], new_row['overrides']) == (
       str(tmp_path / 'x'), 7, ['num_train_steps=7'])
@@ -548,9 +471,7 @@ def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
 
   monkeypatch.setattr(reproduce_multi30k, 'commit', lambda checkout: head[0])
   monkeypatch.setattr(reproduce_multi30k, 'train', train)
-  monkeypatch.setattr(reproduce_multi30k, 'FLAGS', types.SimpleNamespace(
-      label='seed_1', splits=[], output=str(tmp_path), rescore=None, average_last=None,
-      beam_size=None, alpha=None))
+  reproduce_flags(monkeypatch, label='seed_1', splits=[], output=str(tmp_path))
   reproduce_multi30k.main([])
   with open(tmp_path / 'multi30k.json') as f:
     assert json.load(f)['seed_1']['commit'] == '1111111'
