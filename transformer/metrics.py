@@ -37,6 +37,12 @@ def parameters_per_token(params) -> tuple[int, int]:
   return size(params['encoder']), decoder
 
 
+def model_flops(parameters: tuple[int, int], source_tokens, target_tokens, backward: bool = True):
+  """The matrix multiplies' FLOPs over real tokens, given `parameters_per_token`: 2 per parameter
+  and token forward, 6 with the backward pass."""
+  return (6 if backward else 2) * (parameters[0] * source_tokens + parameters[1] * target_tokens)
+
+
 class MetricsWriter:
   """Appends one JSON object per call to `<workdir>/metrics.jsonl` (with `step`, `time`, and
   `split` for evaluations) and mirrors it to TensorBoard.
@@ -132,7 +138,7 @@ class TrainLog:
   def __init__(self, config, parameters_per_token: tuple[int, int], checkpoints,
                writer: MetricsWriter):
     self.total_steps, self.checkpoints, self.writer = config.num_train_steps, checkpoints, writer
-    self.encoder_params, self.decoder_params = parameters_per_token
+    self.parameters = parameters_per_token
     self.pending = []
     self.restart_clock()
 
@@ -178,9 +184,8 @@ class TrainLog:
         grad_norm=float(np.mean([m['grad_norm'] for m in step_metrics])),
         step_secs=elapsed / len(step_metrics),
         target_tokens_per_sec=values['target_tokens'] / elapsed,
-        # Matrix multiplies only (forward + backward = 6 FLOPs per parameter and token).
-        model_flops_per_sec=6 * (self.encoder_params * values['source_tokens'] +
-                                 self.decoder_params * values['target_tokens']) / elapsed)
+        model_flops_per_sec=model_flops(self.parameters, values['source_tokens'],
+                                        values['target_tokens']) / elapsed)
     values['eta_secs'] = values['step_secs'] * (self.total_steps - step)
     if self.writer.enabled:
       logging.info('%s', log_line(step, self.total_steps, values))

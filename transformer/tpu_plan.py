@@ -194,7 +194,7 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '',
   state = jax.eval_shape(lambda: packing.pack_state(train_step.initial_state(config), jnp))
   state_bytes = {part: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
                  for part, tree in (('params', state.params), ('opt_state', state.opt_state))}
-  encoder, decoder = metrics.parameters_per_token(steps.param_shapes)
+  parameters = metrics.parameters_per_token(steps.param_shapes)
   shapes = batch_shapes(config, count, stand_in_lengths() if lengths is None else lengths)
   states = replicated(state, count)
 
@@ -247,7 +247,8 @@ def plan(config, topology: str, lengths=None, lengths_source: str = '',
           'lengths': lengths_source or STAND_IN,
           'train_shapes': shapes['train'], 'tokens_per_device': shapes['tokens'],
           'grad_accum_steps': config.grad_accum_steps,
-          'model_flops': 6 * (encoder + decoder) * shapes['tokens'] * config.grad_accum_steps,
+          'model_flops': metrics.model_flops(parameters, shapes['tokens'], shapes['tokens']) *
+                         config.grad_accum_steps,
           'compiled_train_flops': train_flops, 'programs': programs}
 
 
