@@ -4,7 +4,6 @@ writing results."""
 import json
 import os
 import platform
-import statistics
 import subprocess
 import time
 
@@ -16,26 +15,18 @@ import numpy as np
 from transformer.files import write_atomically
 
 
-def timed(fn, repeats: int) -> float:
-  """Seconds per call of `fn()` (which waits for its result), the median of `repeats` calls."""
-  times = []
-  for _ in range(repeats):
-    began = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - began)
-  return statistics.median(times)
-
-
 def round_robin(fns: dict, repeats: int) -> dict:
-  """{name: seconds of each call}: `repeats` rounds in which each `fns[name]()` runs once, the
-  order rotated every round, so a drift of the machine's speed over the run (other tenants,
-  clocks) falls on all of them alike within a round."""
+  """{name: seconds of each call}: `repeats` rounds in which each `fns[name]()` (which waits for
+  its result) runs once, the order rotated every round, so a drift of the machine's speed over the
+  run (other tenants, clocks) falls on all of them alike within a round."""
   names = list(fns)
   times = {name: [] for name in names}
   for round_ in range(repeats):
     shift = round_ % len(names)
     for name in names[shift:] + names[:shift]:
-      times[name].append(timed(fns[name], 1))
+      began = time.perf_counter()
+      fns[name]()
+      times[name].append(time.perf_counter() - began)
   return times
 
 

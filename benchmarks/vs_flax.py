@@ -5,48 +5,18 @@ timed alternately in one process.
       [--train_shapes=128x32,...] [--steps_per_call=5,...] [--beam_shape=64x24 or '']
       [--name=vs_flax] [--flax_dir=DIR]
 
-The reference is the `examples/wmt/` of the flax sdist of the installed version, fetched once with
-`pip download flax==<version> --no-deps --no-binary :all:` into --flax_dir. Its train.py imports
-tensorflow and clu at top level for its input pipeline and logging, which are not timed: they and
-its tf.data input_pipeline are stubbed in `sys.modules` rather than installed.
-
-Both models have the size of --size: configs/multi30k.py (d_model 256, d_ff 512, 4 heads, 2 + 2
-layers, float32) or configs/default.py, the paper's base (d_model 512, d_ff 2048, 8 heads, 6 + 6
-layers, bfloat16), each with its shared vocabulary tied to the output; flax's in the same dtype,
-with our dropout rate. Two pairs are timed:
-
-- like for like ('ours' against 'flax'): our config shaped as flax's model (`workload.like_flax`:
-  dropout also on the feed-forward hidden layer, pre-norm layers, the output projection in
-  float32), and both train steps compiled with our config's `xla_flags` (configs/default.py turns
-  Triton's matmuls off; as options of each program, see `workload.with_options`). Before timing,
-  the two must have the same parameter count, dropout sites and dtypes (`workload.differences`),
-  or the run stops.
-- as shipped ('ours as shipped' against 'flax as shipped'): our config as it is, with its
-  `xla_flags`, against flax's model with XLA's defaults; what differs is listed with the results.
-
-Each --variant adds one more of ours, the like-for-like config with those overrides (train.py's
---config.key=value without the prefix), timed against 'flax'. Both run on the same random batches:
-each side of each row has a length drawn uniformly from [L/2, L], so about 75% of the slots are
-real tokens, as in the length buckets of Multi30k. Each round times every side once (the order
-rotating); times are medians and each ratio is the median of the rounds' ratios.
-
-- train: one pmapped training step (forward, backward, Adam), each side's own `train_step`. For
-  each N in --steps_per_call (at least 5 for a headline) a row in which each timed call runs N
-  steps and waits only for the last, as a training loop does: the dispatch and wait that a lone
-  step adds (milliseconds on a GPU) overlap the device's work. Times are per step. Also each
-  side's time until its call's first step returned to Python: the host's work for a step (its
-  arguments, the launch of its program), which a lone step waits for.
-- beam: beam search, beam 4, alpha 0.6, on 64 sentences of 24 tokens, decoded to the length
-  limit (source + 50 tokens) by both like-for-like models: the EOS row of each side's embedding is
-  zeroed, so EOS is never a top candidate, and our search reports how many steps it ran. Flax's
-  time includes its cache set-up (`initialize_cache`), as in its own translate loop.
-
-Also measured in the same run: this machine's jitted matmul peak in the models' dtype, and each
-side's model FLOP/s (2 FLOPs per parameter and real token forward, 6 with the backward pass; the
-same count for both sides). Writes benchmarks/results/<name>.{json,md}.
+The reference is examples/wmt of the installed flax version's sdist, fetched once into --flax_dir.
+Pairs timed on random batches (each row's length uniform in [L/2, L]): 'ours' against 'flax' like
+for like (checked before timing, `workload.differences`), each --variant (overrides of the
+like-for-like config) against 'flax', and 'ours as shipped' against 'flax as shipped';
+docs/speed.md ("Like for like") says what each holds equal. Times are medians per step over rounds
+that time every side once, the order rotating; ratios are medians of the rounds' ratios. A train
+row's calls run --steps_per_call steps each, waiting for the last. The beam searches (beam 4,
+alpha 0.6) run to the length limit, source + 50 tokens: EOS's row of each embedding is zeroed.
+Model FLOP/s count 6 FLOPs per parameter and real token (2 in the beam search), against this
+machine's matmul peak. Writes benchmarks/results/<name>.{json,md}.
 """
 
-import functools
 import statistics
 
 import jax
@@ -56,10 +26,10 @@ from absl import app, flags
 
 from benchmarks.measure import (machine, machine_name, matmul_peak, round_robin, tflops,
                                 write_results)
-from benchmarks.workload import (ALPHA, BEAM_SIZE, EXTRA_LENGTH, Flax, Ours,
-                                 define_workload_flags, differences, fetch_flax_examples,
-                                 like_flax, load_config, parse_shape, random_batch)
-from transformer import decode
+from benchmarks.workload import (BEAM_SIZE, EXTRA_LENGTH, Flax, Ours, define_workload_flags,
+                                 differences, fetch_flax_examples, like_flax, load_config,
+                                 parse_shape, random_batch)
+from transformer import decode, metrics
 
 _REPEATS = flags.DEFINE_integer('repeats', 15, 'Rounds timed; each runs both sides once.')
 _TRAIN_SHAPES = flags.DEFINE_list('train_shapes', ['128x32', '64x64', '256x16'],
@@ -71,12 +41,12 @@ _BEAM_SHAPE = flags.DEFINE_string('beam_shape', '64x24',
                                   "Beam search batch, sentences x length; '' for none.")
 
 
-def alternate(sides: dict, references: dict, repeats: int) -> dict:
-  """{side: median seconds per step, and for each in `references` the ratio of its reference's
-  time to its own: the median of the ratios within each of `repeats` rounds of `round_robin`};
-  `sides` maps names to (call, steps each call runs)."""
-  times = round_robin({name: call for name, (call, _) in sides.items()}, repeats)
-  per_step = {name: [secs / sides[name][1] for secs in times[name]] for name in sides}
+def alternate(calls: dict, references: dict, repeats: int, steps: int = 1) -> dict:
+  """{name: median seconds per step of `calls[name]()`, which runs `steps` steps, and for each in
+  `references` the ratio of its reference's time to its own: the median of the ratios within each
+  of `repeats` rounds of `round_robin`}."""
+  times = round_robin(calls, repeats)
+  per_step = {name: [secs / steps for secs in times[name]] for name in calls}
   result = {name: {'secs': statistics.median(secs)} for name, secs in per_step.items()}
   for name, reference in references.items():
     ratios = sorted(f / o for o, f in zip(per_step[name], per_step[reference]))
@@ -102,7 +72,6 @@ def main(argv):
     raise SystemExit(f'ours and flax differ, so a comparison would not be like for like: {unlike}')
   sides = {**ours, 'ours as shipped': shipped, **flax_sides}
   references = {**{name: 'flax' for name in ours}, 'ours as shipped': 'flax as shipped'}
-  encoder_params, decoder_params = mine.parameters
   peak = matmul_peak(repeats, mine.model_config.dtype)
   results = {
       'machine': machine(), 'size': _SIZE.value, 'dtype': jnp.dtype(mine.model_config.dtype).name,
@@ -114,17 +83,16 @@ def main(argv):
   for shape in map(parse_shape, _TRAIN_SHAPES.value):
     batch = random_batch(rng, *shape, mine.model_config.vocab_size)
     sharded = jax.tree_util.tree_map(lambda x: x[None], batch)
-    flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
-                 decoder_params * (batch['targets'] > 0).sum())
+    flops = metrics.model_flops(mine.parameters, (batch['sources'] > 0).sum(),
+                                (batch['targets'] > 0).sum())
     for steps in map(int, _STEPS_PER_CALL.value):
-      calls = {name: functools.partial(side.train, sharded, steps) for name, side in sides.items()}
-      for fn in calls.values():  # compile, and a first call off the clock
-        fn()
-        fn()
-      returned = {name: [] for name in calls}  # seconds each call's first step took to return
-      recording = {name: (lambda fn=fn, out=returned[name]: out.append(fn()), steps)
-                   for name, fn in calls.items()}
-      timings = alternate(recording, references, repeats)
+      for side in sides.values():  # compile, and a first call off the clock
+        side.train(sharded, steps)
+        side.train(sharded, steps)
+      returned = {name: [] for name in sides}  # seconds each call's first step took to return
+      calls = {name: lambda side=side, out=returned[name]: out.append(side.train(sharded, steps))
+               for name, side in sides.items()}
+      timings = alternate(calls, references, repeats, steps)
       results['train'].append({
           'shape': 'x'.join(map(str, shape)),
           'steps_per_call': steps,
@@ -140,21 +108,20 @@ def main(argv):
 
 def beam(ours: Ours, reference: Flax, rng: np.random.Generator, repeats: int) -> dict:
   """Both beam searches on --beam_shape random sentences, decoded to the length limit."""
-  encoder_params, decoder_params = ours.parameters
   sentences, length = parse_shape(_BEAM_SHAPE.value)
   sources = jnp.asarray(rng.integers(3, ours.model_config.vocab_size, (sentences, length)),
                         jnp.int32).at[:, -1].set(decode.EOS_ID)
   our_params, flax_params = ours.beam_params(), reference.beam_params()
-  _, steps = ours.beam_search(our_params, sources, BEAM_SIZE, ALPHA, EXTRA_LENGTH)
+  _, steps = ours.beam_search(our_params, sources)
   flax_tokens = np.asarray(reference.beam_search(flax_params, sources))
   limit = length + EXTRA_LENGTH
   if steps != limit or (flax_tokens == decode.EOS_ID).any():
     raise RuntimeError(f'a search stopped early (ours after {steps} of {limit} steps): the two '
                        'sides would not decode as many tokens')
-  beam_args = BEAM_SIZE, ALPHA, EXTRA_LENGTH
-  flops = 2 * (encoder_params * sources.size + decoder_params * sentences * BEAM_SIZE * limit)
-  timing = alternate({'ours': (lambda: ours.beam_search(our_params, sources, *beam_args), 1),
-                      'flax': (lambda: reference.beam_search(flax_params, sources), 1)},
+  flops = metrics.model_flops(ours.parameters, sources.size, sentences * BEAM_SIZE * limit,
+                              backward=False)
+  timing = alternate({'ours': lambda: ours.beam_search(our_params, sources),
+                      'flax': lambda: reference.beam_search(flax_params, sources)},
                      {'ours': 'flax'}, repeats)
   return {'shape': _BEAM_SHAPE.value, 'beam_size': BEAM_SIZE, 'steps': limit,
           'sides': {name: {**t, 'model_flops_per_sec': float(flops / t['secs'])}

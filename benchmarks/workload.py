@@ -106,36 +106,62 @@ def compiler_options(config) -> dict:
   return options
 
 
-def with_options(pmapped, options: dict, compiled: dict, batch, *args, **kwargs):
-  """`pmapped`, or with XLA `options` the program it compiles for `args` with them (pmap takes
-  none), compiled once per `batch`'s shapes into `compiled`. Such a program's call costs the host
-  a little less than pmap's (0.28 against 0.33 ms for the Multi30k recipe's state on a 2-core CPU,
-  a one-off timing)."""
-  if not options:
-    return pmapped
-  shapes = tuple(sorted((name, x.shape) for name, x in batch.items()))
-  if shapes not in compiled:
-    compiled[shapes] = pmapped.lower(*args, **kwargs).compile(compiler_options=options)
-  return compiled[shapes]
+BEAM_SIZE, ALPHA, EXTRA_LENGTH = 4, 0.6, 50  # the beam search both sides run
 
 
-def run_steps(one_step, steps: int) -> float:
-  """Calls `one_step` (a training step that returns its metrics) `steps` times and waits only for
-  the last, as train.py waits only at log steps. Returns the seconds the first call took to
-  return: the host's work for a step (its arguments, the launch of its program)."""
-  called = time.perf_counter()
-  metrics = one_step()
-  returned = time.perf_counter() - called
-  for _ in range(steps - 1):
-    metrics = one_step()
-  jax.block_until_ready(metrics)
-  return returned
+class Side:
+  """What both sides share: a pmapped train step (`p_train_step`, its `state` donated) compiled
+  with XLA's `compiler_options`, and the parameters of a beam search. A side supplies the state,
+  the step, the step's arguments after the state (`step_args`), its parameters on one device
+  (`params`) and its embedding's name (`EMBEDDING`)."""
+
+  def __init__(self, compiler_options: dict):
+    self.compiler_options = compiler_options
+    self._compiled = {}  # batch shapes -> the compiled train step
+
+  def _compile(self, args, kwargs):
+    return self.p_train_step.lower(self.state, *args, **kwargs).compile(
+        compiler_options=self.compiler_options)
+
+  def train(self, batch, steps: int = 1) -> float:
+    """`steps` training steps on `batch`, waiting only for the last, as train.py waits only at
+    log steps; the seconds the first took to return: the host's work for a step (its arguments,
+    its program's launch). The step is the pmapped one, as train.py calls it, or with XLA options
+    the program it compiles with them (pmap takes none), once per `batch`'s shapes, whose call
+    costs the host a little less (0.28 against 0.33 ms for the Multi30k recipe's state on 2 CPU
+    cores, a one-off timing)."""
+    args, kwargs = self.step_args(batch)
+    step = self.p_train_step
+    if self.compiler_options:
+      shapes = tuple(sorted((name, x.shape) for name, x in batch.items()))
+      if shapes not in self._compiled:
+        self._compiled[shapes] = self._compile(args, kwargs)
+      step = self._compiled[shapes]
+    called = time.perf_counter()
+    self.state, metrics = step(self.state, *args, **kwargs)
+    returned = time.perf_counter() - called
+    for _ in range(steps - 1):
+      self.state, metrics = step(self.state, *args, **kwargs)
+    jax.block_until_ready(metrics)
+    return returned
+
+  def train_hlo(self, batch) -> str:
+    """The train step's optimized HLO for `batch`."""
+    return self._compile(*self.step_args(batch)).as_text()
+
+  def beam_params(self):
+    """The parameters, the EOS row of the embedding zeroed: EOS is never a top candidate, so that
+    a search runs to its length limit."""
+    params = self.params()
+    table = params[self.EMBEDDING]['embedding']
+    return {**params, self.EMBEDDING: {'embedding': table.at[decode.EOS_ID].set(0.0)}}
 
 
-class Ours:
+class Ours(Side):
   """Our model and steps at configs/multi30k.py's size, or with another `config`, with the
   implementations `machine` runs (default: this one's), its train step compiled with its
   config.xla_flags."""
+  EMBEDDING = 'source_embedding'
 
   def __init__(self, config=None, machine: choice.Machine | None = None):
     self.config = config or multi30k.get_config()
@@ -147,44 +173,24 @@ class Ours:
     self.parameters = metrics.parameters_per_token(state.params)
     self.state = train_step.replicate(packing.pack_state(state))
     self.p_train_step = jax.pmap(self.steps.train_step, train_step.AXIS, donate_argnums=(0,))
-    self.compiler_options = compiler_options(self.config)
-    self._compiled = {}  # batch shapes -> the compiled train step
+    super().__init__(compiler_options(self.config))
 
-  def _train_step(self, batch):
-    """The pmapped step, as train.py calls it, or compiled with the config's XLA options."""
-    return with_options(self.p_train_step, self.compiler_options, self._compiled, batch,
-                        self.state, batch)
+  def step_args(self, batch):
+    return (batch,), {}
 
-  def train(self, batch, steps: int = 1) -> float:
-    """`steps` training steps on `batch` (`run_steps`)."""
-    step = self._train_step(batch)
-
-    def one_step():
-      self.state, metrics = step(self.state, batch)
-      return metrics
-
-    return run_steps(one_step, steps)
-
-  def train_hlo(self, batch) -> str:
-    """The train step's optimized HLO for `batch`."""
-    return self.p_train_step.lower(self.state, batch).compile(
-        compiler_options=self.compiler_options).as_text()
+  def params(self):
+    return self.steps.params_tree(jax_utils.unreplicate(self.state.params))
 
   def training_forward(self, batch):
     """As `Flax.training_forward`."""
     rngs = {'dropout': jax.random.key(0, impl=self.steps.rng_impl)}
-    return (self.steps.params_tree(jax_utils.unreplicate(self.state.params)),
-            lambda params: self.steps.train_model.apply({'params': params}, **batch, rngs=rngs))
+    apply = self.steps.train_model.apply
+    return self.params(), lambda params: apply({'params': params}, **batch, rngs=rngs)
 
-  def beam_params(self):
-    params = self.steps.params_tree(jax_utils.unreplicate(self.state.params))
-    table = params['source_embedding']['embedding']
-    return {**params, 'source_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
-
-  def beam_search(self, params, sources, beam_size: int, alpha: float, extra_length: int):
-    tokens, _, steps = decode.beam_search(self.model_config, params, sources,
-                                          beam_size=beam_size, alpha=alpha,
-                                          extra_length=extra_length)
+  def beam_search(self, params, sources):
+    """As `Flax.beam_search`, and the steps the search ran."""
+    tokens, _, steps = decode.beam_search(self.model_config, params, sources, beam_size=BEAM_SIZE,
+                                          alpha=ALPHA, extra_length=EXTRA_LENGTH)
     return jax.block_until_ready(tokens[:, 0]), int(steps)
 
 
@@ -193,7 +199,6 @@ def parse_shape(text: str) -> tuple[int, int]:
   return int(rows), int(length)
 
 
-BEAM_SIZE, ALPHA, EXTRA_LENGTH = 4, 0.6, 50  # the beam search both sides run
 FLAX_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'transformer-nmt',
                         f'flax-{flax.__version__}-examples-wmt')
 FLAX_FILES = ('models.py', 'decode.py', 'train.py', 'bleu.py')
@@ -259,9 +264,10 @@ def import_flax_wmt(directory: str):
   return modules['models'], modules['decode'], modules['train']
 
 
-class Flax:
+class Flax(Side):
   """flax examples/wmt at the same size, run as its train.py runs it: its train step compiled with
   XLA's defaults, or with `compiler_options` (ours', for a like-for-like comparison)."""
+  EMBEDDING = 'shared_embedding'
 
   def __init__(self, directory: str, ours: Ours, compiler_options: dict | None = None):
     self.models, self.decode, self.train_module = import_flax_wmt(directory)
@@ -286,34 +292,20 @@ class Flax:
     self.p_train_step = jax.pmap(self.train_step, axis_name='batch', donate_argnums=(0,))
     self.dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
     self.predict_config = self.model_config.replace(deterministic=True, decode=True)
-    self.compiler_options = compiler_options or {}
-    self._compiled = {}  # batch shapes -> the compiled train step
+    super().__init__(compiler_options or {})
 
-  def train(self, batch, steps: int = 1) -> float:
-    """As `Ours.train`."""
-    inputs = self.inputs(batch)
-    step = with_options(self.p_train_step, self.compiler_options, self._compiled, batch,
-                        self.state, inputs, dropout_rng=self.dropout_rngs)
+  def step_args(self, batch):
+    return (self.inputs(batch),), {'dropout_rng': self.dropout_rngs}
 
-    def one_step():
-      self.state, metrics = step(self.state, inputs, dropout_rng=self.dropout_rngs)
-      return metrics
-
-    return run_steps(one_step, steps)
-
-  def train_hlo(self, batch) -> str:
-    """The train step's optimized HLO for `batch`."""
-    return self.p_train_step.lower(self.state, self.inputs(batch),
-                                   dropout_rng=self.dropout_rngs).compile(
-                                       compiler_options=self.compiler_options).as_text()
+  def params(self):
+    return jax_utils.unreplicate(self.state.params)
 
   def training_forward(self, batch):
     """(parameters, a function of them: the model's forward pass with dropout on one device's
     `batch`, as its train step runs it)."""
     model = self.models.Transformer(self.model_config)
     inputs, rngs = self.inputs(batch), {'dropout': jax.random.key(0)}
-    return (jax_utils.unreplicate(self.state.params),
-            lambda params: model.apply({'params': params}, **inputs, rngs=rngs))
+    return self.params(), lambda params: model.apply({'params': params}, **inputs, rngs=rngs)
 
   # Our batch's keys -> flax's; a packed batch's segment ids and positions too.
   INPUT_NAMES = {'sources': 'inputs', 'targets': 'targets',
@@ -326,11 +318,6 @@ class Flax:
     """Our batch under flax's names."""
     return {cls.INPUT_NAMES[name]: array for name, array in batch.items()}
 
-  def beam_params(self):
-    params = jax_utils.unreplicate(self.state.params)
-    table = params['shared_embedding']['embedding']
-    return {**params, 'shared_embedding': {'embedding': table.at[decode.EOS_ID].set(0.0)}}
-
   @functools.partial(jax.jit, static_argnums=(0, 3))
   def _predict(self, params, sources, max_decode_len):
     cache = self.train_module.initialize_cache(sources, max_decode_len, self.predict_config)
@@ -338,6 +325,8 @@ class Flax:
                                           self.predict_config, beam_size=BEAM_SIZE)
 
   def beam_search(self, params, sources):
+    """The best of a beam search of BEAM_SIZE for each of one device's `sources`, at most
+    EXTRA_LENGTH tokens longer, its cache's set-up included."""
     # Flax counts the start symbol in max_decode_len: +1 gives as many steps as ours.
     return jax.block_until_ready(self._predict(params, sources,
                                                sources.shape[1] + EXTRA_LENGTH + 1))
