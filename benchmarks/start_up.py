@@ -5,19 +5,11 @@ and its last checkpoint.
       [--config=configs/multi30k.py] [--checkout=DIR] [--fresh_data] [--steps=N]
       [--override=key=value ...] [--workdir=DIR] [--run_to_exit] [--parts]
 
-Runs the checkout's `python train.py --config=...` in a new workdir, with --steps steps if given,
-and notes when each milestone comes, in seconds from the launch: its first log line (imports,
-flags, the backend), its first training row of metrics.jsonl (the data, the vocabulary, the
-compilation and config.log_every_steps steps), and its last checkpoint's directory (Orbax makes it
-when the checkpoint is complete). train.py is then stopped with a SIGTERM, as a preemption would,
-once its closing BLEU has begun translating: what comes after is not start-up, and the seconds
-from the signal to its exit (status 0 required) are noted, against the ~30 s that Cloud TPU
-leaves a preempted VM. --run_to_exit lets it finish and notes its exit instead. With --fresh_data
-the data and vocabulary go to a new TFDS directory, as on a new machine: Multi30k is prepared and
-the vocabulary trained within the run. --parts first splits what comes before the first log line
-(see `before_first_log_line`).
-
-Adds a row under --label to benchmarks/results/start_up.{json,md}.
+Runs the checkout's train.py in a new workdir, then stops it with a SIGTERM, as a preemption
+would, once its closing BLEU translates, and notes the seconds to its exit (Cloud TPU leaves a
+preempted VM ~30 s); --run_to_exit lets it finish. --fresh_data prepares the data and vocabulary
+in a new TFDS directory; --parts first times what comes before the first log line. Adds a row
+under --label to benchmarks/results/start_up.{json,md}.
 """
 
 import json
@@ -55,16 +47,6 @@ MILESTONES = ('first_log_line', 'first_training_row', 'last_checkpoint', 'exit',
               'sigterm_to_exit')
 PARTS = ('interpreter', 'imports', 'cluster_lookup', 'backend')  # before the first log line
 POLL_SECS = 0.02
-
-
-def last_step(checkout: str, args: list[str]) -> int:
-  """config.num_train_steps of train.py's --config with its overrides `args`."""
-  code = ('import sys; from transformer import commands as c; from absl import flags; '
-          'from ml_collections import config_flags; f = flags.FlagValues(); '
-          'config_flags.DEFINE_config_file("config", flag_values=f, sys_argv=sys.argv); '
-          'c.parse_flags(sys.argv, f); print(f.config.num_train_steps)')
-  return int(subprocess.run([sys.executable, '-c', code, *args], cwd=checkout, check=True,
-                            capture_output=True, text=True).stdout.split()[-1])
 
 
 # What train.py does before it logs, each part timed: its imports, initialize_distributed (which
@@ -121,9 +103,8 @@ def measure(workdir: str, tfds_dir: str | None) -> dict:
     args.append(f'--config.tfds_data_dir={tfds_dir}')
   if MANUAL_DIR.value and 'multi30k' in _CONFIG.value:
     args.append(f'--config.manual_dir={os.path.abspath(MANUAL_DIR.value)}')
-  last = os.path.join(workdir, 'checkpoints', str(last_step(
-      checkout, [arg for arg in args if arg.startswith('--config')])))
-  log_path = os.path.join(workdir, 'train.log')
+  last = None  # the last checkpoint's directory (Orbax makes it whole), named by config.json
+  config_path, log_path = os.path.join(workdir, 'config.json'), os.path.join(workdir, 'train.log')
   os.makedirs(workdir, exist_ok=True)
   seen = {}
   with open(log_path, 'w') as log:
@@ -139,7 +120,10 @@ def measure(workdir: str, tfds_dir: str | None) -> dict:
       if 'first_training_row' not in seen and first_training_row(
           os.path.join(workdir, 'metrics.jsonl')):
         seen['first_training_row'] = now
-      if 'last_checkpoint' not in seen and os.path.isdir(last):
+      if last is None and os.path.exists(config_path):  # written before the data and checkpoints
+        with open(config_path) as f:
+          last = os.path.join(workdir, 'checkpoints', str(json.load(f)['num_train_steps']))
+      if 'last_checkpoint' not in seen and last and os.path.isdir(last):
         seen['last_checkpoint'] = now
       if ('last_checkpoint' in seen and not _RUN_TO_EXIT.value and
           closing_bleu_began(log_path)):
