@@ -1,17 +1,13 @@
-r"""Each way translate.py decodes, timed side by side in one process on one trained run and the
-same sentences: beam search, its n-best list, sampling (top-k and nucleus), greedy search and an
-ensemble of two runs.
+r"""Each way translate.py decodes (beam search, its n-best list, top-k and nucleus sampling, greedy
+search, an ensemble of two runs), timed side by side on one trained run's sentences.
 
   python -m benchmarks.decoding_speed --workdir=runs/multi30k [--split=test] [--sentences=N]
       [--beam_size=4] [--repeats=3] [--label=NAME]
 
-n-best lists of --beam_size and sampling's --beam_size draws hold as many hypotheses per sentence
-as the beam: each is compared with beam search of that width, in sentences per second, as is
-the ensemble (the run twice: two runs' work, whatever their weights). Every way is compiled on
-the sentences first; then --repeats rounds translate them once with each way, the order rotated
-every round (`measure.round_robin`); each way's fastest round counts (a shared machine's other
-work only ever slows a round: rounds of one way spread by up to 30% on 2 cores). Adds a row under
---label to docs/decoding_speed.{json,md}, with every round's seconds.
+Each way is compared with beam search of --beam_size (n-best lists and sampling's draws hold as
+many hypotheses; the ensemble is the run twice), in sentences per second in its fastest of
+--repeats rounds, each translating the sentences once with every way, the order rotated (other
+work only ever slows a round). Adds a row under --label to docs/decoding_speed.{json,md}.
 """
 
 import os

@@ -3,21 +3,15 @@ data prepared, one without, and a resume.
 
   python -m benchmarks.wmt_scale [--pairs=4500000] [--data_dir=/tmp/wmt_scale] [--name=wmt_scale]
 
-Generates (once, into --data_dir) gzipped parallel text of --pairs training pairs with WMT14
-EN-DE-like sentence lengths (lognormal, median 20 words, 1-150) over a Zipf-distributed lexicon of
-100,000 made-up words, the German side the same sentence in another spelling, and 3,000 pairs
-each of validation and test. Then, with configs/wmt14.py:base,en-de on it (dataset='text'; its
-vocabulary, batch and lengths, the model shrunk to 1+1 layers of d_model 64: SMALL_MODEL):
-1. prepare.py into an empty prepared-data directory A (vocabulary and token ids);
-2. train.py in a new workdir with A: a first start with the data prepared;
-3. train.py with an empty directory B: a first start that prepares everything itself, and
-   compiles into a fresh compilation cache;
-4. train.py again in 3's workdir: a resume from the checkpoint 3 left.
-Each train.py run is stopped by a SIGTERM once its first step is logged (it saves first). From
-each run's log it reads the seconds from the process's start to: the vocabulary ready (trained or
-read), the training split's token ids ready (tokenized or read), the training batches ready, and
-the first step logged; and the process's peak resident memory; and the stored token ids' size.
-Writes benchmarks/results/<name>.{json,md}.
+Generates once into --data_dir gzipped parallel text: --pairs training pairs and 3,000 each of
+validation and test, with WMT14 EN-DE-like lengths (lognormal, median 20 words, 1-150) over a Zipf
+lexicon of 100,000 made-up words, the German side the same sentence spelt otherwise. Then, with
+configs/wmt14.py:base,en-de on it (dataset='text', the model shrunk to SMALL_MODEL): 1. prepare.py
+into an empty directory A; 2. train.py with A, a first start with the data prepared; 3. train.py
+with an empty B, preparing everything and compiling into a fresh cache; 4. train.py resuming 3's
+run. Each train.py run is stopped by a SIGTERM once its first step is logged. From each log, the
+seconds to the vocabulary, the training token ids and batches ready and the first step, and the
+peak resident memory; and the stored token ids' size. Writes benchmarks/results/<name>.{json,md}.
 """
 
 import glob
