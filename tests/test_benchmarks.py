@@ -477,39 +477,14 @@ def test_a_reproduction_row_names_the_commit_it_trained(monkeypatch, tmp_path):
     assert json.load(f)['seed_1']['commit'] == '1111111'
 
 
-@pytest.mark.slow
-def test_each_variant_compiles_its_train_step_with_its_own_xla_flags():
-  batch = workload.random_batch(np.random.default_rng(0), 4, 8, 320)
-  sharded = jax.tree_util.tree_map(lambda x: np.stack([x] * jax.local_device_count()), batch)
-
-  def ours(xla_flags):
-    config = tiny.get_config()
-    config.xla_flags = xla_flags
-    return workload.Ours(config)
-
-  # XLA's booleans take Python's, its integers strings; XLA rejects a value it cannot read only
-  # when the option reaches the compilation.
-  gpu_flags = ours('--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0')
-  assert gpu_flags.compiler_options == {'xla_gpu_enable_triton_gemm': False,
-                                        'xla_gpu_autotune_level': '0'}
-  gpu_flags.train(sharded)
-  with pytest.raises(Exception, match='xla_gpu_autotune_level'):
-    ours('--xla_gpu_autotune_level=high').train(sharded)
-  # Two programs in one process, each with its own options: XLA_FLAGS would give both the same.
-  unfused = ours('--xla_disable_hlo_passes=fusion')
-  loop_fusions = lambda side: side.train_hlo(sharded).count('kind=kLoop, calls=%fused_computation')
-  assert loop_fusions(gpu_flags) > 10 and loop_fusions(unfused) == 0
-
-
-@pytest.mark.slow
-def test_vs_flax_says_in_one_line_where_flax_examples_go_when_it_cannot_fetch_them(tmp_path):
-  env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX='1',
-             PIP_FIND_LINKS=str(tmp_path))  # an index that holds nothing
-  result = subprocess.run([sys.executable, '-m', 'benchmarks.vs_flax',
-                           f'--flax_dir={tmp_path}/flax'], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
-  assert result.stderr.strip().splitlines()[-1] == (
+def test_flax_examples_that_cannot_be_fetched_say_in_one_line_where_they_go(monkeypatch,
+                                                                          tmp_path):
+  pip = subprocess.CompletedProcess([], 1, '', 'Looking in links: /tmp\nERROR: No matching '
+                                    f'distribution found for flax=={flax.__version__}\n')
+  monkeypatch.setattr(workload.subprocess, 'run', lambda *args, **kwargs: pip)
+  with pytest.raises(SystemExit) as raised:
+    workload.fetch_flax_examples(f'{tmp_path}/flax')
+  assert str(raised.value) == (
       f'the flax {flax.__version__} sdist, whose examples/wmt is the reference, could not be '
       f'fetched (pip download: ERROR: No matching distribution found for flax=={flax.__version__})'
       f'; put its examples/wmt/ models.py, decode.py, train.py, bleu.py in {tmp_path}/flax '
@@ -554,35 +529,43 @@ def test_vs_flax_compares_like_for_like_and_names_what_differs_as_shipped(flax_e
 
 
 @pytest.mark.slow
-def test_flax_compiles_its_train_step_with_the_options_it_is_given(flax_examples):
+def test_each_side_compiles_its_train_step_with_its_own_xla_options(flax_examples):
   batch = workload.random_batch(np.random.default_rng(0), 4, 8, 320)
   sharded = jax.tree_util.tree_map(lambda x: np.stack([x] * jax.local_device_count()), batch)
-  ours = workload.Ours(tiny.get_config())
+
+  def ours(xla_flags):
+    config = tiny.get_config()
+    config.xla_flags = xla_flags
+    return workload.Ours(config)
+
+  # XLA's booleans take Python's, its integers strings; XLA rejects a value it cannot read only
+  # when the option reaches the compilation.
+  gpu_flags = ours('--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0')
+  assert gpu_flags.compiler_options == {'xla_gpu_enable_triton_gemm': False,
+                                        'xla_gpu_autotune_level': '0'}
+  gpu_flags.train(sharded)
+  with pytest.raises(Exception, match='xla_gpu_autotune_level'):
+    ours('--xla_gpu_autotune_level=high').train(sharded)
+  # Programs in one process, each with its own options: XLA_FLAGS would give them all the same.
   loop_fusions = lambda side: side.train_hlo(sharded).count('kind=kLoop, calls=%fused_computation')
-  unfused = workload.Flax(flax_examples, ours, {'xla_disable_hlo_passes': 'fusion'})
-  assert loop_fusions(workload.Flax(flax_examples, ours)) > 10 and loop_fusions(unfused) == 0
-  unfused.train(sharded, 2)  # and runs that program
-
-
-def test_a_packed_batch_reaches_flax_under_the_names_its_train_step_reads():
-  batch = {name: np.full((2, 4), i, np.int32) for i, name in enumerate(
-      ['sources', 'targets', 'source_segment_ids', 'source_positions', 'target_segment_ids',
-       'target_positions'])}
-  inputs = workload.Flax.inputs(batch)
-  # flax examples/wmt's train_step: batch.get(k) for these keys.
-  assert set(inputs) == {'inputs', 'targets', 'inputs_position', 'targets_position',
-                         'inputs_segmentation', 'targets_segmentation'}
-  assert [int(inputs[name][0, 0]) for name in ('inputs', 'targets', 'inputs_segmentation',
-                                               'inputs_position', 'targets_segmentation',
-                                               'targets_position')] == [0, 1, 2, 3, 4, 5]
-  assert set(workload.Flax.inputs({'sources': batch['sources'], 'targets': batch['targets']})) == {
-      'inputs', 'targets'}
+  flax_side = lambda options=None: workload.Flax(flax_examples, gpu_flags, options)
+  for fused, unfused in ((gpu_flags, ours('--xla_disable_hlo_passes=fusion')),
+                         (flax_side(), flax_side({'xla_disable_hlo_passes': 'fusion'}))):
+    assert loop_fusions(fused) > 10 and loop_fusions(unfused) == 0
+    unfused.train(sharded, 2)  # and runs that program
 
 
 def test_a_packed_random_batch_is_laid_out_as_train_pys_packed_batches():
   batch = workload.packed_batch(np.random.default_rng(0), 12, 64, 320, pair_lengths=(5, 30))
-  assert set(batch) == set(workload.Flax.INPUT_NAMES)
   assert all(x.shape == (12, 64) and x.dtype == np.int32 for x in batch.values())
+  # It reaches flax under the names its train_step reads (batch.get(k)).
+  flax_names = {
+      'sources': 'inputs', 'targets': 'targets', 'source_segment_ids': 'inputs_segmentation',
+      'source_positions': 'inputs_position', 'target_segment_ids': 'targets_segmentation',
+      'target_positions': 'targets_position'}
+  inputs = workload.Flax.inputs(batch)
+  assert len(inputs) == len(batch) == 6
+  assert all(inputs[flax_names[name]] is x for name, x in batch.items())
   for side in ('source', 'target'):
     tokens, segments, positions = (batch[f'{side}s'], batch[f'{side}_segment_ids'],
                                    batch[f'{side}_positions'])
@@ -600,8 +583,9 @@ def test_a_packed_random_batch_is_laid_out_as_train_pys_packed_batches():
       assert (positions[row][real] == np.concatenate([np.arange(n) for n in lengths])).all()
       assert (tokens[row][bounds] == decode.EOS_ID).all()
       assert (tokens[row][real][np.setdiff1d(np.arange(real.sum()), bounds)] != decode.EOS_ID).all()
-    assert (batch['source_segment_ids'].max(1) == batch['target_segment_ids'].max(1)).all()
     assert (segments > 0).mean() > 0.85  # packed: rows nearly full
+  assert (batch['source_segment_ids'].max(1) == batch['target_segment_ids'].max(1)).all()
+
 
 def test_a_variant_quotes_a_value_with_spaces_as_a_shell_does():
   config = workload.load_config(
@@ -659,15 +643,23 @@ def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
   assert (tmp_path / 'train.en.gz').stat().st_mtime_ns == before
 
 
-def test_the_wmt_scale_table_is_its_results_file():
-  results = os.path.join(os.path.dirname(wmt_scale.__file__), 'results', 'wmt_scale')
-  with open(f'{results}.json', encoding='utf-8') as f:
-    table = wmt_scale.markdown(json.load(f))
-  with open(f'{results}.md', encoding='utf-8') as f:
+@pytest.mark.parametrize('script, results, quoted_in', [
+    (wmt_scale, 'benchmarks/results/wmt_scale', None),
+    (decoding_speed, 'docs/decoding_speed', 'docs/decoding.md')])
+def test_a_results_table_is_its_scripts_markdown_of_its_json(script, results, quoted_in):
+  with open(os.path.join(ROOT, f'{results}.json'), encoding='utf-8') as f:
+    table = script.markdown(json.load(f))
+  with open(os.path.join(ROOT, f'{results}.md'), encoding='utf-8') as f:
     assert f.read() == table
-  # The goals: a resume reaches its first step within 60 s, a first start within 15 minutes,
-  # in at most 8 GiB, with the token ids stored in about 2 bytes each.
-  with open(f'{results}.json', encoding='utf-8') as f:
+  if quoted_in:  # its rows under their header
+    with open(os.path.join(ROOT, quoted_in), encoding='utf-8') as f:
+      assert '\n'.join(table.splitlines()[4:]) in f.read()
+
+
+def test_the_wmt_sized_corpus_meets_its_goals():
+  """A resume reaches its first step within 60 s, a first start within 15 minutes, in at most
+  8 GiB, with the token ids stored in about 2 bytes each."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'wmt_scale.json'), encoding='utf-8') as f:
     measured = json.load(f)
   assert measured['pairs'] == 4_500_000 and measured['resume']['first_step'] <= 60
   assert measured['first_start']['first_step'] <= 15 * 60
@@ -681,8 +673,7 @@ def test_start_up_notes_each_milestone_and_stops_train_py_in_its_closing_bleu(tm
   workdir = tmp_path / 'run'
   subprocess.run([sys.executable, '-m', 'benchmarks.start_up', '--config=configs/tiny.py',
                   '--steps=40', f'--workdir={workdir}', f'--output={tmp_path}', '--label=tiny',
-                  '--parts'],
-                 cwd=ROOT, check=True, capture_output=True)
+                  '--parts'], cwd=ROOT, check=True, capture_output=True)
   with open(tmp_path / 'start_up.json') as f:
     row = json.load(f)['tiny']
   milestones = row['milestones']
@@ -734,14 +725,3 @@ def test_decoding_speed_times_every_way_in_rounds_on_the_same_sentences(tiny_run
       '| label | 2 cores, CPU | W, 3, 2 | beam search | 10.0 | 1.00 |',
       '| label | 2 cores, CPU | W, 3, 2 | nbest | 9.5 | 0.95 (0.90) |',
       '| label | 2 cores, CPU | W, 3, 2 | greedy | 30.0 | 3.00 |']
-
-
-def test_the_decoding_speed_tables_are_the_results_file():
-  """docs/decoding_speed.md and docs/decoding.md's table: its JSON's figures."""
-  results = os.path.join(ROOT, 'docs', 'decoding_speed')
-  with open(f'{results}.json', encoding='utf-8') as f:
-    table = decoding_speed.markdown(json.load(f))
-  with open(f'{results}.md', encoding='utf-8') as f:
-    assert f.read() == table
-  with open(os.path.join(ROOT, 'docs', 'decoding.md'), encoding='utf-8') as f:
-    assert '\n'.join(table.splitlines()[4:]) in f.read()
