@@ -31,6 +31,7 @@ from benchmarks.hlo import hlo_classes
 from benchmarks.measure import machine, machine_name, matmul_peak, write_results
 from benchmarks.workload import (Flax, Ours, define_workload_flags, fetch_flax_examples,
                                  load_config, packed_batch, parse_shape, random_batch)
+from transformer import metrics
 
 
 def operation_seconds(path: str, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
@@ -121,9 +122,8 @@ def measure() -> dict:
   side = ours if _SIDE.value == 'ours' else Flax(fetch_flax_examples(_FLAX_DIR.value), ours)
   for _ in range(2):  # compile, and a first step off the clock
     side.train(sharded)
-  encoder_params, decoder_params = ours.parameters
-  flops = 6 * (encoder_params * (batch['sources'] > 0).sum() +
-               decoder_params * (batch['targets'] > 0).sum())
+  flops = metrics.model_flops(ours.parameters, (batch['sources'] > 0).sum(),
+                              (batch['targets'] > 0).sum())
   with tempfile.TemporaryDirectory() as trace_dir:
     began = time.perf_counter()
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):

@@ -18,7 +18,8 @@ import pytest
 from absl import flags
 from flax import traverse_util
 
-from benchmarks import decoding_speed, hlo, profile_step, reproduce_multi30k, wmt_scale, workload
+from benchmarks import (decoding_speed, hlo, profile_step, reproduce_multi30k, start_up, vs_flax,
+                        wmt_scale, workload)
 from benchmarks.measure import round_robin, sustained_rate
 from configs import multi30k, tiny
 from transformer import decode
@@ -645,6 +646,10 @@ def test_the_wmt_sized_corpus_is_aligned_with_wmt_like_lengths(tmp_path):
 
 @pytest.mark.parametrize('script, results, quoted_in', [
     (wmt_scale, 'benchmarks/results/wmt_scale', None),
+    (start_up, 'benchmarks/results/start_up', None),
+    (vs_flax, 'benchmarks/results/vs_flax', None),
+    (vs_flax, 'benchmarks/results/vs_flax_base_cpu', None),
+    (profile_step, 'benchmarks/results/profile_step_multi30k', None),
     (decoding_speed, 'docs/decoding_speed', 'docs/decoding.md')])
 def test_a_results_table_is_its_scripts_markdown_of_its_json(script, results, quoted_in):
   with open(os.path.join(ROOT, f'{results}.json'), encoding='utf-8') as f:
