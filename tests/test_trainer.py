@@ -49,6 +49,12 @@ def _env(devices: int | None, compilation_cache: bool = True) -> dict:
   return env
 
 
+# The overrides of a run whose test checks no evaluation: no validation loss on the way, no
+# closing BLEU (a beam search to compile, two splits to translate).
+NO_EVALUATION = {'eval_every_steps': 0, 'final_bleu_splits': ''}
+NO_EVALUATION_FLAGS = tuple(f'--config.{key}={value}' for key, value in NO_EVALUATION.items())
+
+
 def train_command(workdir, *overrides):
   return [sys.executable, os.path.join(ROOT, 'train.py'), '--config=configs/tiny.py',
           f'--workdir={workdir}', *overrides]
@@ -238,8 +244,8 @@ def test_the_compilation_cache_key_keeps_compiled_programs(tmp_path):
 def test_resumed_run_equals_uninterrupted_run(full_run, tmp_path):
   workdir = str(tmp_path)
   assert re.search(r'training step compiled and dispatched in \d+\.\d s',
-                   train_in_process(workdir, num_train_steps=50))
-  assert 'resumed from step 50' in train_in_process(workdir)
+                   train_in_process(workdir, num_train_steps=50, **NO_EVALUATION))
+  assert 'resumed from step 50' in train_in_process(workdir, **NO_EVALUATION)
   resumed, meta = restore(workdir, 100)
   uninterrupted, meta_full = restore(full_run, 100)
   assert meta == meta_full
@@ -269,9 +275,9 @@ def test_a_run_preempted_off_its_schedule_averages_what_an_uninterrupted_one_doe
 
   with monkeypatch.context() as patch:
     patch.setattr(trainer, '_OptimizerStep', PreemptedAt75)
-    assert 'SIGTERM: saved a checkpoint at step 75' in train_in_process(workdir)
+    assert 'SIGTERM: saved a checkpoint at step 75' in train_in_process(workdir, **NO_EVALUATION)
   assert Checkpoints(workdir).all_steps() == [50, 75]
-  assert 'resumed from step 75' in train_in_process(workdir)
+  assert 'resumed from step 75' in train_in_process(workdir, **NO_EVALUATION)
   assert Checkpoints(workdir).all_steps() == [50, 100]  # 75 gave way to the schedule's 100
   (resumed, resumed_steps), (uninterrupted, steps) = (
       load_params(path, config) for path in (workdir, full_run))
@@ -439,7 +445,7 @@ def test_a_signal_during_bleu_saves_first_and_the_run_resumes_exactly(full_run, 
   assert Checkpoints(workdir).all_steps() == [30]
   assert not [r for r in read_metrics(workdir) if 'sacrebleu' in r]
 
-  assert 'resumed from step 30' in train_in_process(workdir)
+  assert 'resumed from step 30' in train_in_process(workdir, **NO_EVALUATION)
   assert max_difference(restore(workdir, 100)[0], restore(full_run, 100)[0]) == 0.0
 
 
@@ -449,7 +455,7 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tm
   shutil.copytree(full_run, workdir)
   shutil.rmtree(os.path.join(workdir, 'checkpoints', '100'))
   good, _ = restore(workdir, 50)
-  result = run_train(workdir, '--config.lr_scale=1e30', expect_ok=False)
+  result = run_train(workdir, '--config.lr_scale=1e30', *NO_EVALUATION_FLAGS, expect_ok=False)
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   message = result.stderr.strip().splitlines()[-1]
   assert message.startswith('train.py: the loss is nan at step 5')
@@ -461,7 +467,7 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(full_run, tm
 @pytest.mark.slow
 def test_a_non_finite_loss_before_any_checkpoint_says_so(tmp_path):
   result = run_train(str(tmp_path), '--config.lr_scale=1e30', '--config.num_train_steps=5',
-                     expect_ok=False)
+                     *NO_EVALUATION_FLAGS, expect_ok=False)
   message = result.stderr.strip().splitlines()[-1]
   assert message.startswith('train.py: the loss is nan at step ')
   assert 'training stopped; no checkpoint was written before it. Lower the learning rate' in (
