@@ -667,8 +667,7 @@ def test_after_a_failed_save_its_write_tasks_collected_later_log_nothing(tmp_pat
 @pytest.mark.slow
 def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp_path):
   workdir = str(tmp_path / 'run')
-  schedule = ('--config.checkpoint_every_steps=20', '--config.eval_every_steps=0',
-              '--config.final_bleu_splits=')
+  schedule = ('--config.checkpoint_every_steps=20', *NO_EVALUATION_FLAGS)
   run_train(workdir, '--config.num_train_steps=20', *schedule, devices=1)
   # No file over 100 kB: the next checkpoint's (~600 kB) fails to be written, as on a full disk.
   result = run_train(workdir, '--config.num_train_steps=60', *schedule, devices=1,
@@ -688,8 +687,8 @@ def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoi
 @pytest.mark.slow
 def test_a_tensorboard_write_that_fails_stops_the_run_in_one_line(tmp_path):
   workdir = str(tmp_path / 'run')
-  schedule = ('--config.checkpoint_every_steps=0', '--config.eval_every_steps=0',
-              '--config.log_every_steps=5', '--config.final_bleu_splits=')
+  schedule = ('--config.checkpoint_every_steps=0', '--config.log_every_steps=5',
+              *NO_EVALUATION_FLAGS)
   run_train(workdir, '--config.num_train_steps=20', *schedule, devices=1)
   (events,) = os.listdir(os.path.join(workdir, 'tensorboard'))
   # A resumed run writes a new events file: as big as the first once it has logged as many rows,
