@@ -15,7 +15,7 @@ import torch
 import transformers
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from tests.conftest import built_once, error_line, run_script
+from conftest import built_once, error_line, run_script, train_in_process
 from transformer import config as config_lib
 from transformer import stored_config
 from transformer import data, marian, sampling, translate
@@ -390,7 +390,6 @@ def test_a_run_starts_from_an_opus_mt_directory_with_its_model_vocabulary_and_we
   """train.py --config.init_from=DIR takes the model, the vocabulary and the weights of an
   OPUS-MT-layout directory: before training our logits are transformers' (in our token order);
   a run at learning rate 0 then translates with translate.py as transformers' greedy search."""
-  from tests.conftest import train_in_process  # pylint: disable=import-outside-toplevel
   from transformer import train_step  # pylint: disable=import-outside-toplevel
   from configs import tiny  # pylint: disable=import-outside-toplevel
 
@@ -489,7 +488,6 @@ def test_eval_py_scores_a_marian_directory_with_its_generation_settings(tiny_run
 def test_export_then_import_then_export_gives_the_same_files(tiny_run, exported, tmp_path):
   """A run started from an export of the tiny run, at learning rate 0, exports to the same bytes
   but for the model card, which names its own command."""
-  from tests.conftest import train_in_process  # pylint: disable=import-outside-toplevel
 
   first = exported['transformers']
   workdir = str(tmp_path / 'run')
